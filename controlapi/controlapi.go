@@ -1,0 +1,94 @@
+// Package controlapi holds the JSON wire types of the server's internal
+// control endpoints that the controller calls: GET /snapshot and POST /probe.
+// (The POST /policy body lives in package policy.) Both sides import these
+// types, so the JSON keys and omitempty rules are defined exactly once.
+package controlapi
+
+import "time"
+
+// CacheSnapshot is the GET /snapshot body: the server's in-memory aggregate.
+// The reserved probe tenant is excluded everywhere, and the sum of
+// Tenants[].IndexEntries equals TotalPrefixes.
+type CacheSnapshot struct {
+	// Replicas are keyed by (Tenant, ReplicaID): the union of replicas that
+	// reported stats and replicas that hold prefixes, sorted by (tenant, id).
+	Replicas []ReplicaSnapshot `json:"replicas"`
+	// Tenants are sorted by id; untenanted keys count under the "" tenant.
+	Tenants       []TenantSnapshot `json:"tenants"`
+	TotalPrefixes int64            `json:"totalPrefixes"`
+	// HotPrefixes is always 0; the key is kept for wire compatibility.
+	HotPrefixes int64 `json:"hotPrefixes"`
+}
+
+// ReplicaSnapshot is one (tenant, replica) row of /snapshot.
+type ReplicaSnapshot struct {
+	ReplicaID        string    `json:"replicaId"`
+	Tenant           string    `json:"tenant,omitempty"`
+	CacheMemoryBytes int64     `json:"cacheMemoryBytes"`
+	HitRate          float32   `json:"hitRate"`
+	Pressure         float32   `json:"pressure"`
+	LastUpdate       time.Time `json:"lastUpdate"`
+	// PrefixCount is the number of keys the replica holds.
+	PrefixCount int64 `json:"prefixCount"`
+	// LastEventAt is the newest lastSeen of the replica's entries; the zero
+	// time means none and is omitted.
+	LastEventAt   time.Time `json:"lastEventAt,omitzero"`
+	StatsReported bool      `json:"statsReported,omitempty"`
+	T2HitTokens   int64     `json:"t2HitTokens,omitempty"`
+	T2QueryTokens int64     `json:"t2QueryTokens,omitempty"`
+}
+
+// TenantSnapshot is one tenant row of /snapshot.
+type TenantSnapshot struct {
+	TenantID string `json:"tenantId"`
+	// IndexEntries counts the tenant's distinct keys
+	// (tenant, model, scheme, adapter, hash).
+	IndexEntries int64 `json:"indexEntries"`
+	// HitRate is the mean hit rate over the tenant's stats-reporting replicas.
+	HitRate         float32 `json:"hitRate"`
+	HitRateReported bool    `json:"hitRateReported,omitempty"`
+	// MemoryUsed is always 0 and always present (not omitempty).
+	MemoryUsed int64 `json:"memoryUsed"`
+}
+
+// Probe stage outcomes.
+const (
+	StageOK      = "ok"
+	StageFailed  = "failed"
+	StageSkipped = "skipped"
+)
+
+// Probe stage names.
+const (
+	StageIngest  = "ingest"
+	StageRouting = "routing"
+	StageT2      = "t2"
+)
+
+// MaxProbeBodyBytes caps a POST /probe body.
+const MaxProbeBodyBytes = 4 << 10
+
+// ProbeRequest is the POST /probe body. Backend, Model and HashScheme are
+// required; BackendType is the CacheBackend's spec.type (LMCache or empty
+// runs the T2 stage when a T2 prober is wired).
+type ProbeRequest struct {
+	Backend     string `json:"backend"`
+	Model       string `json:"model"`
+	HashScheme  string `json:"hashScheme"`
+	BackendType string `json:"backendType,omitempty"`
+}
+
+// ProbeResponse is the POST /probe answer; HTTP 200 even when a stage fails.
+type ProbeResponse struct {
+	Backend string       `json:"backend"`
+	Ingest  string       `json:"ingest"`
+	Routing string       `json:"routing"`
+	T2      string       `json:"t2"`
+	Errors  []ProbeError `json:"errors,omitempty"`
+}
+
+// ProbeError is the diagnostic of one failed stage.
+type ProbeError struct {
+	Stage   string `json:"stage"`
+	Message string `json:"message"`
+}
