@@ -79,4 +79,4 @@ dest="$out_root/$GEN_DIR"
 mkdir -p "$dest"
 rm -f "$dest"/*.pb.go
 cp "$work/out/$GEN_DIR"/*.pb.go "$dest/"
-log "generated $(cd "$dest" && ls ./*.pb.go | tr '\n' ' ')in $dest"
+log "generated $(cd "$dest" && echo *.pb.go) in $dest"
