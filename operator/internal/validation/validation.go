@@ -1,0 +1,175 @@
+// Package validation holds the field rules of the inferencecache.io kinds
+// that the CRD schema cannot express. The admission webhooks enforce them at
+// write time, and the propagation controller applies the same CachePolicy
+// rules again to objects that reached etcd another way (created before the
+// webhook existed, or with the webhook bypassed) so that a policy it cannot
+// honor is reported Invalid instead of half applied.
+//
+// Every function is pure: no I/O, safe for concurrent use.
+package validation
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/policy"
+)
+
+var floorScoreRE = regexp.MustCompile(v1alpha1.RoutingFloorScorePattern)
+
+// ParseRoutingFloorScore parses spec.routingFloorScore. It accepts exactly
+// what the CRD pattern admits and returns a finite, non-negative float32.
+func ParseRoutingFloorScore(s string) (float32, error) {
+	if !floorScoreRE.MatchString(s) {
+		return 0, fmt.Errorf("%q is not a decimal of the form 0, 5 or 0.25 (at most 8 integer and 6 fractional digits)", s)
+	}
+	v, err := strconv.ParseFloat(s, 32)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return 0, fmt.Errorf("%q is not a finite non-negative number", s)
+	}
+	return float32(v), nil
+}
+
+// CachePolicySpec returns every field of spec that the server cannot honor.
+// The first error of a field is enough; each message says how to fix it.
+func CachePolicySpec(spec *v1alpha1.CachePolicySpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	switch spec.Eviction {
+	case "", v1alpha1.EvictionLRU, v1alpha1.EvictionLFU:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("eviction"), spec.Eviction,
+			[]string{string(v1alpha1.EvictionLRU), string(v1alpha1.EvictionLFU)}))
+	}
+	if ttl := spec.EvictionTTL; ttl != nil && ttl.Duration <= 0 {
+		errs = append(errs, field.Invalid(p.Child("evictionTTL"), ttl.Duration.String(),
+			fmt.Sprintf("must be a positive duration such as 15m or 1h; remove the field to use the server default (%s)", policy.DefaultTTL)))
+	}
+	for _, f := range []struct {
+		name string
+		v    *int32
+	}{
+		{"minimumPrefixTokens", spec.MinimumPrefixTokens},
+		{"minimumMatchedTokens", spec.MinimumMatchedTokens},
+		{"lookupTimeoutMs", spec.LookupTimeoutMs},
+	} {
+		if f.v != nil && *f.v < 0 {
+			errs = append(errs, field.Invalid(p.Child(f.name), *f.v, "must be 0 or greater (0 disables it)"))
+		}
+	}
+	if s := spec.RoutingFloorScore; s != nil {
+		if _, err := ParseRoutingFloorScore(*s); err != nil {
+			errs = append(errs, field.Invalid(p.Child("routingFloorScore"), *s,
+				`must be a non-negative decimal string such as "0.1", "5" or "0" ("0" disables the floor)`))
+		}
+	}
+	if st := spec.Strategy; st != nil && st.RequireChain != nil && *st.RequireChain &&
+		st.EnableChainMatching != nil && !*st.EnableChainMatching {
+		errs = append(errs, field.Invalid(p.Child("strategy", "requireChain"), true,
+			"requireChain: true needs enableChainMatching: true, otherwise every request would be refused; set enableChainMatching: true or requireChain: false"))
+	}
+	switch spec.AffinityRouting {
+	case "", v1alpha1.AffinityRoutingEnabled, v1alpha1.AffinityRoutingDisabled:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("affinityRouting"), spec.AffinityRouting,
+			[]string{string(v1alpha1.AffinityRoutingEnabled), string(v1alpha1.AffinityRoutingDisabled)}))
+	}
+	return errs
+}
+
+// TenantID returns an error when id is the reserved probe tenant.
+func TenantID(id string, p *field.Path) *field.Error {
+	if id == policy.ReservedTenantID {
+		return field.Forbidden(p, fmt.Sprintf("%q is reserved for the server's functional self-test; choose another tenant id", id))
+	}
+	return nil
+}
+
+// CacheBackendEndpoint checks spec.endpoint against spec.type: required for
+// External, refused for every other type, and of the form host:port or
+// lm://host:port with a numeric port and IPv6 literals in brackets.
+func CacheBackendEndpoint(spec *v1alpha1.CacheBackendSpec, p *field.Path) field.ErrorList {
+	ep := p.Child("endpoint")
+	typ := spec.Type
+	if typ == "" {
+		typ = v1alpha1.BackendLMCache
+	}
+	if typ != v1alpha1.BackendExternal {
+		if spec.Endpoint != "" {
+			return field.ErrorList{field.Forbidden(ep, fmt.Sprintf(
+				"endpoint may only be set when type is External; type %s backends are provisioned by the controller, which publishes their address in status.endpoint (remove spec.endpoint, or set type: External)", typ))}
+		}
+		return nil
+	}
+	if spec.Endpoint == "" {
+		return field.ErrorList{field.Required(ep, "type External needs the backend's address as host:port or lm://host:port, e.g. lmcache.cache.svc:8200")}
+	}
+	if err := Endpoint(spec.Endpoint); err != nil {
+		return field.ErrorList{field.Invalid(ep, spec.Endpoint, err.Error())}
+	}
+	return nil
+}
+
+// Endpoint validates an External backend address: host:port or
+// lm://host:port, no other scheme, no path, query or fragment, a port in
+// 1..65535, and an IPv6 literal only in brackets ([::1]:8200).
+func Endpoint(s string) error {
+	rest := s
+	if scheme, after, ok := strings.Cut(s, "://"); ok {
+		if scheme != "lm" {
+			return fmt.Errorf("scheme %q is not supported; write host:port or lm://host:port", scheme+"://")
+		}
+		rest = after
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		return fmt.Errorf("must not carry a path, query or fragment (found %q); write host:port or lm://host:port", rest[i:])
+	}
+	if strings.Count(rest, ":") > 1 && !strings.HasPrefix(rest, "[") {
+		return fmt.Errorf("an IPv6 address must be in brackets, e.g. [%s]:8200", strings.TrimSuffix(rest, ":"))
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return fmt.Errorf("must be host:port or lm://host:port with a port, e.g. lmcache.cache.svc:8200 (%v)", err)
+	}
+	if host == "" {
+		return fmt.Errorf("the host is empty; write host:port, e.g. lmcache.cache.svc:%s", port)
+	}
+	if strings.HasPrefix(rest, "[") {
+		if ip := net.ParseIP(host); ip == nil || ip.To4() != nil {
+			return fmt.Errorf("brackets are only for IPv6 literals; %q is not one", host)
+		}
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q must be a number from 1 to 65535", port)
+	}
+	return nil
+}
+
+// Introduced returns the errors of now whose (type, field) pair is not
+// already among before. An UPDATE is refused only for what it newly breaks,
+// so an object admitted under older, looser rules can still be edited
+// elsewhere.
+func Introduced(now, before field.ErrorList) field.ErrorList {
+	type key struct {
+		t field.ErrorType
+		f string
+	}
+	old := make(map[key]bool, len(before))
+	for _, e := range before {
+		old[key{e.Type, e.Field}] = true
+	}
+	var out field.ErrorList
+	for _, e := range now {
+		if !old[key{e.Type, e.Field}] {
+			out = append(out, e)
+		}
+	}
+	return out
+}
