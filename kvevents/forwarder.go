@@ -1,0 +1,573 @@
+package kvevents
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+)
+
+// Sink is where the forwarder delivers updates: the InferenceCache service
+// in production (GRPCSink), a recorder in tests. Calls come from one
+// goroutine at a time, in order; an error means "not delivered, retry".
+type Sink interface {
+	// ReportCacheState sends one update on its own ReportCacheState stream
+	// and waits for the Ack.
+	ReportCacheState(ctx context.Context, u *icv1.CacheStateUpdate) error
+	// PublishEvent sends one lifecycle event.
+	PublishEvent(ctx context.Context, e *icv1.CacheEvent) error
+}
+
+// Forwarder defaults (contract §6).
+const (
+	DefaultWindow      = 100 * time.Millisecond
+	DefaultMaxPending  = 4096
+	DefaultMaxBuffered = 1 << 16
+	DefaultRPCTimeout  = 5 * time.Second
+	DefaultMinBackoff  = 100 * time.Millisecond
+	DefaultMaxBackoff  = 10 * time.Second
+)
+
+// ForwarderConfig configures a Forwarder. Zero durations and sizes take the
+// defaults above.
+type ForwarderConfig struct {
+	ReplicaID, ModelID, TenantID, HashScheme string
+
+	// Window is how often pending adds are flushed.
+	Window time.Duration
+	// MaxPending flushes adds early once this many are pending; it is also
+	// the largest update sent.
+	MaxPending int
+	// MaxBuffered bounds the entries (pending adds, queued prefixes and
+	// events) held while the server is slow or down. Beyond it the buffer is
+	// dropped and the replica is resynced (see README.md).
+	MaxBuffered int
+	// RPCTimeout bounds one sink call.
+	RPCTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the exponential retry delay.
+	MinBackoff, MaxBackoff time.Duration
+	// ResyncOnStart starts the forwarder in the resync state: its first
+	// delivery is ALL_CLEARED for the replica followed by the positional
+	// index's content, so state left by an earlier subscriber incarnation
+	// cannot survive.
+	ResyncOnStart bool
+
+	Logger  *slog.Logger
+	Metrics *Metrics
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+func (c *ForwarderConfig) setDefaults() {
+	if c.Window <= 0 {
+		c.Window = DefaultWindow
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = DefaultMaxPending
+	}
+	if c.MaxBuffered <= 0 {
+		c.MaxBuffered = DefaultMaxBuffered
+	}
+	if c.MaxBuffered < c.MaxPending {
+		c.MaxBuffered = c.MaxPending
+	}
+	if c.RPCTimeout <= 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.MinBackoff <= 0 {
+		c.MinBackoff = DefaultMinBackoff
+	}
+	if c.MaxBackoff < c.MinBackoff {
+		c.MaxBackoff = max(DefaultMaxBackoff, c.MinBackoff)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Snapshotter gives the forwarder the blocks to re-report after a resync.
+// *Index implements it.
+type Snapshotter interface {
+	AppendSnapshot(dst []Prefix) []Prefix
+}
+
+type opKind uint8
+
+const (
+	opReport opKind = iota // ReportCacheState with prefixes
+	opEvict                // one PREFIX_EVICTED per prefix
+	opClear                // ALL_CLEARED
+	opStats                // stats-only ReportCacheState
+)
+
+// op is one queued delivery. Its slices are owned by the op once queued.
+type op struct {
+	kind     opKind
+	prefixes []Prefix
+	tsUS     int64
+	stats    *icv1.ReplicaStats
+	// done counts the evictions already delivered (opEvict progress).
+	done int
+	// snapshot ops come from a resync; they are bounded by the index and
+	// not counted against MaxBuffered.
+	snapshot bool
+}
+
+func (o *op) size() int {
+	if o.snapshot {
+		return 0
+	}
+	if len(o.prefixes) > 0 {
+		return len(o.prefixes) - o.done
+	}
+	return 1
+}
+
+// Forwarder turns index results into sink calls, in order: adds are
+// batched into one update per Window (or per MaxPending), a removal or a
+// clear first flushes the adds before it. One goroutine runs Run; Add,
+// Removed, AllCleared and Stats may be called from any goroutine.
+type Forwarder struct {
+	cfg  ForwarderConfig // immutable after NewForwarder
+	sink Sink            // called only from the Run goroutine
+	snap Snapshotter     // immutable
+	// wake has room for one token; a send that finds it full is dropped
+	// because the Run goroutine will look at the queue anyway.
+	wake chan struct{}
+
+	// mu guards the fields below; it is never held across a sink call.
+	mu sync.Mutex
+	// pending are adds not yet sealed into an op; pendingTS is the latest
+	// batch timestamp among them.
+	pending   []Prefix
+	pendingTS int64
+	// queue holds sealed ops in delivery order; queue[0] may be in flight.
+	queue []op
+	// buffered is pending plus the size of every queued op.
+	buffered int
+	// resync is true from an overflow (or start) until ALL_CLEARED for the
+	// replica was delivered; meanwhile new work is dropped, because the
+	// snapshot sent after the clear covers it.
+	resync bool
+	// gen changes whenever queue is dropped, so the Run goroutine knows an
+	// op it delivered is no longer queue[0].
+	gen uint64
+	// idle is closed and replaced when queue and pending become empty;
+	// Flush waits on it.
+	idle chan struct{}
+}
+
+// NewForwarder returns a Forwarder delivering to sink. snap is read after a
+// clear-and-resync; it may be nil only if the caller never overflows (tests).
+func NewForwarder(cfg ForwarderConfig, sink Sink, snap Snapshotter) *Forwarder {
+	cfg.setDefaults()
+	return &Forwarder{
+		cfg:    cfg,
+		sink:   sink,
+		snap:   snap,
+		wake:   make(chan struct{}, 1),
+		resync: cfg.ResyncOnStart,
+		idle:   make(chan struct{}),
+	}
+}
+
+func (f *Forwarder) kick() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Add queues added prefixes stamped with tsUS (µs); the slice is copied.
+func (f *Forwarder) Add(ps []Prefix, tsUS int64) {
+	if len(ps) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.resync {
+		return
+	}
+	for len(ps) > 0 {
+		room := f.cfg.MaxPending - len(f.pending)
+		n := min(room, len(ps))
+		if f.pending == nil {
+			f.pending = make([]Prefix, 0, min(f.cfg.MaxPending, max(len(ps), 64)))
+		}
+		f.pending = append(f.pending, ps[:n]...)
+		f.pendingTS = max(f.pendingTS, tsUS)
+		f.buffered += n
+		ps = ps[n:]
+		if len(f.pending) >= f.cfg.MaxPending {
+			f.sealLocked()
+		}
+	}
+	f.checkOverflowLocked()
+}
+
+// Removed queues the outcome of a BlockRemoved: the pending adds are
+// flushed first, then demoted is re-reported at T2 and evicted is sent as
+// PREFIX_EVICTED, one event per key. Both slices are copied.
+func (f *Forwarder) Removed(evicted, demoted []Prefix, tsUS int64) {
+	if len(evicted) == 0 && len(demoted) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.resync {
+		return
+	}
+	f.sealLocked()
+	for len(demoted) > 0 {
+		n := min(len(demoted), f.cfg.MaxPending)
+		f.pushLocked(op{kind: opReport, prefixes: clonePrefixes(demoted[:n], TierT2), tsUS: tsUS})
+		demoted = demoted[n:]
+	}
+	if len(evicted) > 0 {
+		f.pushLocked(op{kind: opEvict, prefixes: clonePrefixes(evicted, 0), tsUS: tsUS})
+	}
+	f.checkOverflowLocked()
+}
+
+// AllCleared discards the pending adds and queues ALL_CLEARED.
+func (f *Forwarder) AllCleared(tsUS int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.resync {
+		return
+	}
+	f.buffered -= len(f.pending)
+	f.pending, f.pendingTS = nil, 0
+	f.pushLocked(op{kind: opClear, tsUS: tsUS})
+	f.checkOverflowLocked()
+}
+
+// Stats queues a stats-only update.
+func (f *Forwarder) Stats(s *icv1.ReplicaStats, tsUS int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.resync {
+		return
+	}
+	f.pushLocked(op{kind: opStats, stats: s, tsUS: tsUS})
+	f.checkOverflowLocked()
+}
+
+// Buffered returns the entries waiting for delivery.
+func (f *Forwarder) Buffered() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.buffered
+}
+
+// Resyncing reports whether the forwarder waits to deliver ALL_CLEARED
+// before anything else.
+func (f *Forwarder) Resyncing() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.resync
+}
+
+func clonePrefixes(ps []Prefix, tier Tier) []Prefix {
+	out := make([]Prefix, len(ps))
+	copy(out, ps)
+	if tier != 0 {
+		for i := range out {
+			out[i].Tier = tier
+		}
+	}
+	return out
+}
+
+func (f *Forwarder) pushLocked(o op) {
+	f.queue = append(f.queue, o)
+	f.buffered += o.size()
+	f.kick()
+}
+
+// sealLocked turns the pending adds into one report op.
+func (f *Forwarder) sealLocked() {
+	if len(f.pending) == 0 {
+		return
+	}
+	o := op{kind: opReport, prefixes: f.pending, tsUS: f.pendingTS}
+	f.buffered -= len(f.pending)
+	f.pending, f.pendingTS = nil, 0
+	f.pushLocked(o)
+}
+
+// checkOverflowLocked drops everything and enters the resync state when the
+// buffer exceeds MaxBuffered.
+func (f *Forwarder) checkOverflowLocked() {
+	f.cfg.Metrics.setBuffered(f.buffered)
+	if f.buffered <= f.cfg.MaxBuffered {
+		return
+	}
+	f.cfg.Logger.Warn("forward buffer overflow: dropping it and resyncing the replica",
+		"buffered", f.buffered, "max", f.cfg.MaxBuffered)
+	f.cfg.Metrics.overflow()
+	f.dropAllLocked()
+	f.resync = true
+	f.kick()
+}
+
+func (f *Forwarder) dropAllLocked() {
+	f.pending, f.pendingTS = nil, 0
+	f.queue = nil
+	f.buffered = 0
+	f.gen++
+	f.cfg.Metrics.setBuffered(0)
+	f.signalIdleLocked()
+}
+
+func (f *Forwarder) signalIdleLocked() {
+	if len(f.queue) == 0 && len(f.pending) == 0 {
+		close(f.idle)
+		f.idle = make(chan struct{})
+	}
+}
+
+// Run delivers queued work until ctx is done. It returns ctx.Err().
+func (f *Forwarder) Run(ctx context.Context) error {
+	tick := time.NewTicker(f.cfg.Window)
+	defer tick.Stop()
+	backoff := f.cfg.MinBackoff
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			f.mu.Lock()
+			f.sealLocked()
+			f.mu.Unlock()
+		case <-f.wake:
+		}
+		for {
+			ok, more := f.deliverOne(ctx)
+			if ok {
+				backoff = f.cfg.MinBackoff
+			} else {
+				if !sleepCtx(ctx, backoff) {
+					return ctx.Err()
+				}
+				backoff = min(2*backoff, f.cfg.MaxBackoff)
+				continue
+			}
+			if !more {
+				break
+			}
+		}
+	}
+}
+
+// Flush seals the pending adds and waits until everything queued before
+// the call was delivered (or dropped by an overflow), or ctx is done. Run
+// must be running for Flush to make progress.
+func (f *Forwarder) Flush(ctx context.Context) error {
+	for {
+		f.mu.Lock()
+		f.sealLocked()
+		if len(f.queue) == 0 && len(f.pending) == 0 && !f.resync {
+			f.mu.Unlock()
+			return nil
+		}
+		idle := f.idle
+		f.mu.Unlock()
+		f.kick()
+		// Wake up at least every Window to re-check: resync progress does
+		// not signal idle.
+		t := time.NewTimer(f.cfg.Window)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-idle:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// deliverOne makes one delivery attempt. ok is false when the sink failed
+// (the caller backs off); more is true when more work may be queued.
+func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
+	f.mu.Lock()
+	if f.resync {
+		f.mu.Unlock()
+		return f.doResync(ctx), true
+	}
+	if len(f.queue) == 0 {
+		f.mu.Unlock()
+		return true, false
+	}
+	o := f.queue[0] // a copy: queue may be reallocated by appends meanwhile
+	gen := f.gen
+	f.mu.Unlock()
+
+	done, err := f.send(ctx, &o)
+
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gen != gen {
+		return err == nil, true // the queue was dropped while we sent
+	}
+	if err != nil {
+		if o.kind == opEvict {
+			f.buffered -= done - f.queue[0].done
+			f.queue[0].done = done
+		}
+		return false, true
+	}
+	f.buffered -= f.queue[0].size()
+	f.queue[0] = op{}
+	f.queue = f.queue[1:]
+	if len(f.queue) == 0 {
+		f.queue = nil // let the backing array go
+	}
+	f.cfg.Metrics.setBuffered(f.buffered)
+	f.signalIdleLocked()
+	return true, len(f.queue) > 0
+}
+
+// doResync delivers ALL_CLEARED for the replica and then queues the
+// positional index's content ahead of anything queued since.
+func (f *Forwarder) doResync(ctx context.Context) bool {
+	now := f.cfg.Now().UnixMicro()
+	if err := f.call(ctx, "PublishEvent", func(ctx context.Context) error {
+		return f.sink.PublishEvent(ctx, f.event(icv1.CacheEvent_ALL_CLEARED, nil, now))
+	}); err != nil {
+		f.cfg.Logger.Warn("resync: cannot clear the replica on the server; will retry", "err", err)
+		return false
+	}
+	// Leave the resync state before reading the index: work queued from
+	// now on is delivered after the snapshot, and a block changed between
+	// the two is either in the snapshot or in that later work. Both kinds
+	// of delivery are idempotent, so the overlap is harmless.
+	f.mu.Lock()
+	f.resync = false
+	f.mu.Unlock()
+
+	var snap []Prefix
+	if f.snap != nil {
+		snap = f.snap.AppendSnapshot(nil)
+	}
+	blocks := len(snap)
+	ops := make([]op, 0, len(snap)/f.cfg.MaxPending+1)
+	for len(snap) > 0 {
+		n := min(len(snap), f.cfg.MaxPending)
+		ops = append(ops, op{kind: opReport, prefixes: snap[:n:n], tsUS: now, snapshot: true})
+		snap = snap[n:]
+	}
+	f.mu.Lock()
+	f.queue = append(ops, f.queue...)
+	f.mu.Unlock()
+	f.cfg.Metrics.resync()
+	f.cfg.Logger.Info("resync: replica cleared on the server; re-reporting the positional index",
+		"blocks", blocks)
+	return true
+}
+
+// send delivers o; for an opEvict it returns how many evictions were
+// delivered in total, so a retry resumes after them.
+func (f *Forwarder) send(ctx context.Context, o *op) (int, error) {
+	switch o.kind {
+	case opReport:
+		return 0, f.call(ctx, "ReportCacheState", func(ctx context.Context) error {
+			return f.sink.ReportCacheState(ctx, f.update(o.prefixes, o.tsUS, nil))
+		})
+	case opStats:
+		return 0, f.call(ctx, "ReportCacheState", func(ctx context.Context) error {
+			return f.sink.ReportCacheState(ctx, f.update(nil, o.tsUS, o.stats))
+		})
+	case opClear:
+		return 0, f.call(ctx, "PublishEvent", func(ctx context.Context) error {
+			return f.sink.PublishEvent(ctx, f.event(icv1.CacheEvent_ALL_CLEARED, nil, o.tsUS))
+		})
+	case opEvict:
+		done := o.done
+		for done < len(o.prefixes) {
+			p := &o.prefixes[done]
+			if err := f.call(ctx, "PublishEvent", func(ctx context.Context) error {
+				return f.sink.PublishEvent(ctx, f.event(icv1.CacheEvent_PREFIX_EVICTED, p, o.tsUS))
+			}); err != nil {
+				return done, err
+			}
+			done++
+		}
+		return done, nil
+	}
+	panic("BUG: unknown forwarder op")
+}
+
+func (f *Forwarder) call(ctx context.Context, rpc string, fn func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, f.cfg.RPCTimeout)
+	defer cancel()
+	start := time.Now()
+	err := fn(cctx)
+	f.cfg.Metrics.forwarded(rpc, time.Since(start), err)
+	if err != nil {
+		f.cfg.Logger.Debug("forward failed", "rpc", rpc, "err", err)
+	}
+	return err
+}
+
+func (f *Forwarder) update(ps []Prefix, tsUS int64, stats *icv1.ReplicaStats) *icv1.CacheStateUpdate {
+	u := &icv1.CacheStateUpdate{
+		ReplicaId:   f.cfg.ReplicaID,
+		ModelId:     f.cfg.ModelID,
+		TenantId:    f.cfg.TenantID,
+		HashScheme:  f.cfg.HashScheme,
+		TimestampUs: tsUS,
+		Stats:       stats,
+	}
+	if len(ps) > 0 {
+		entries := make([]icv1.PrefixEntry, len(ps))
+		keys := make([]byte, 8*len(ps))
+		u.Prefixes = make([]*icv1.PrefixEntry, len(ps))
+		for i, p := range ps {
+			k := keys[8*i : 8*i+8 : 8*i+8]
+			fingerprint.PutWire(k, p.Key)
+			e := &entries[i]
+			e.PrefixHash = k
+			e.TokenCount = p.Tokens
+			e.Tier = icv1.CacheTier(p.Tier)
+			e.AdapterId = p.Adapter
+			u.Prefixes[i] = e
+		}
+	}
+	return u
+}
+
+func (f *Forwarder) event(t icv1.CacheEvent_Type, p *Prefix, tsUS int64) *icv1.CacheEvent {
+	e := &icv1.CacheEvent{
+		Type:        t,
+		ReplicaId:   f.cfg.ReplicaID,
+		ModelId:     f.cfg.ModelID,
+		TenantId:    f.cfg.TenantID,
+		TimestampUs: tsUS,
+	}
+	if p != nil {
+		e.PrefixHash = make([]byte, 8)
+		fingerprint.PutWire(e.PrefixHash, p.Key)
+		e.AdapterId = p.Adapter
+	}
+	return e
+}
+
+// sleepCtx waits d or until ctx is done; it reports whether d elapsed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
