@@ -466,6 +466,7 @@ func (f *Forwarder) doResync(ctx context.Context) bool {
 	}
 	f.mu.Lock()
 	f.queue = append(ops, f.queue...)
+	f.signalIdleLocked() // Flush waits for the end of the resync too
 	f.mu.Unlock()
 	f.cfg.Metrics.resync()
 	f.cfg.Logger.Info("resync: replica cleared on the server; re-reporting the positional index",
