@@ -3,6 +3,7 @@ package policy
 import (
 	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -73,8 +74,15 @@ var Defaults = Tenant{
 // Snapshot is not valid; use Empty or Build. A Snapshot is safe for
 // concurrent use because nothing mutates it after Build returns.
 type Snapshot struct {
+	// generation is stamped by Store.Replace before the snapshot is published
+	// and never written again (published guards that).
 	generation uint64
-	tenants    map[string]*Tenant
+	// published is set (once, by CompareAndSwap in Store.Replace or NewStore)
+	// before the atomic store that makes the snapshot visible. A second
+	// publication would rewrite generation under concurrent readers, so it is
+	// a BUG panic instead of a silent data race.
+	published atomic.Bool
+	tenants   map[string]*Tenant
 	// quotas lists the tenant ids with a quota, for the index's enforcement.
 	quotas []string
 	// anyLFU is true when some tenant evicts by LFU.
@@ -86,7 +94,9 @@ var defaultTenant = Defaults
 
 // Empty returns the snapshot every server starts with: every tenant at the
 // defaults.
-func Empty() *Snapshot { return &Snapshot{tenants: map[string]*Tenant{}, body: &Body{Version: PropagationVersion}} }
+func Empty() *Snapshot {
+	return &Snapshot{tenants: map[string]*Tenant{}, body: &Body{Version: PropagationVersion}}
+}
 
 // Generation increases with every snapshot a Store publishes.
 func (s *Snapshot) Generation() uint64 { return s.generation }

@@ -21,7 +21,9 @@ type Store struct {
 // NewStore returns a store holding the Empty snapshot.
 func NewStore() *Store {
 	s := &Store{}
-	s.cur.Store(Empty())
+	e := Empty()
+	e.published.Store(true)
+	s.cur.Store(e)
 	return s
 }
 
@@ -34,8 +36,13 @@ func (s *Store) Load() *Snapshot { return s.cur.Load() }
 func (s *Store) Apply(b *Body) *Snapshot { return s.Replace(Build(b)) }
 
 // Replace publishes a prebuilt snapshot, stamping it with the next generation.
-// The snapshot must not be published to another Store.
+// A snapshot can be published once, to one Store: passing one that was
+// already published (including the current one) panics, because stamping it
+// again would change Generation under its concurrent readers.
 func (s *Store) Replace(snap *Snapshot) *Snapshot {
+	if !snap.published.CompareAndSwap(false, true) {
+		panic("BUG: policy: snapshot published twice")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gen++

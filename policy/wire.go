@@ -98,7 +98,17 @@ func Decode(r io.Reader) (*Body, error) {
 	if len(raw) > MaxBodyBytes {
 		return nil, ErrTooLarge
 	}
-	if len(bytes.TrimSpace(raw)) == 0 {
+	return decodeBytes(raw)
+}
+
+// jsonSpace is the whitespace JSON allows between tokens. (bytes.TrimSpace
+// would also strip Unicode spaces such as U+00A0, which are not JSON
+// whitespace: such a body is invalid JSON, not an empty one.)
+const jsonSpace = " \t\r\n"
+
+// decodeBytes is Decode without the size limit (the caller enforces it).
+func decodeBytes(raw []byte) (*Body, error) {
+	if len(bytes.Trim(raw, jsonSpace)) == 0 {
 		return nil, ErrEmptyBody
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
