@@ -1,0 +1,113 @@
+// Command bench runs the deterministic cluster simulator of package bench
+// and writes a Markdown table and an SVG plot of routing quality.
+//
+//	go run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl \
+//	    -replicas 8 -cache-blocks 1000,4000 -out bench/results -name conversation
+//
+// With -workload chat, rag or shared-prompt it generates a synthetic
+// stream instead (seeded by -seed).
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/inferencecache/inferencecache/bench"
+	"github.com/inferencecache/inferencecache/bench/workload"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	def := bench.DefaultConfig("", nil)
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var (
+		kind      = fs.String("workload", "trace", "request stream: trace, chat, rag or shared-prompt")
+		trace     = fs.String("trace", "", "Mooncake-format JSONL trace (for -workload trace)")
+		blockSize = fs.Int("trace-block-size", workload.MooncakeBlockSize, "tokens per hash id in the trace")
+		limit     = fs.Int("limit", 0, "read at most this many trace requests (0 = all)")
+		sizes     = fs.String("cache-blocks", "1000,4000", "comma-separated cache sizes per replica, in blocks")
+		out       = fs.String("out", "bench/results", "output directory")
+		name      = fs.String("name", "", "base name of the output files (default: the workload)")
+		cfg       = def
+	)
+	fs.IntVar(&cfg.Replicas, "replicas", def.Replicas, "number of replicas")
+	fs.DurationVar(&cfg.Lag, "lag", def.Lag, "KV-event delivery lag")
+	fs.Uint64Var(&cfg.Seed, "seed", def.Seed, "seed for routers and synthetic workloads")
+	fs.IntVar(&cfg.Slots, "slots", def.Slots, "requests in service per replica (prefill stays one at a time)")
+	fs.DurationVar(&cfg.Cost.Overhead, "overhead", def.Cost.Overhead, "per-request prefill overhead")
+	fs.DurationVar(&cfg.Cost.PrefillPerToken, "prefill-per-token", def.Cost.PrefillPerToken, "prefill time per uncached prompt token")
+	fs.DurationVar(&cfg.Cost.DecodePerToken, "decode-per-token", def.Cost.DecodePerToken, "decode time per output token")
+	fs.DurationVar(&cfg.Window, "window", def.Window, "load-imbalance window")
+	fs.IntVar(&cfg.Parallelism, "parallel", 0, "simulations at once (0 = GOMAXPROCS); results do not depend on it")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.CacheBlocks = nil
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, f := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return fmt.Errorf("cannot parse -cache-blocks %q: %w", *sizes, err)
+		}
+		cfg.CacheBlocks = append(cfg.CacheBlocks, n)
+	}
+
+	var err error
+	switch *kind {
+	case "trace":
+		if *trace == "" {
+			return fmt.Errorf("-workload trace needs -trace")
+		}
+		cfg.Requests, err = workload.LoadTrace(*trace, *blockSize, *limit)
+		cfg.Workload = "trace " + baseName(*trace)
+	case "chat":
+		c := workload.DefaultChat()
+		c.Seed = cfg.Seed
+		cfg.Requests, err = c.Generate()
+		cfg.Workload = "synthetic multi-turn chat"
+	case "rag":
+		c := workload.DefaultRAG()
+		c.Seed = cfg.Seed
+		cfg.Requests, err = c.Generate()
+		cfg.Workload = "synthetic RAG"
+	case "shared-prompt":
+		c := workload.DefaultSharedPrompt()
+		c.Seed = cfg.Seed
+		cfg.Requests, err = c.Generate()
+		cfg.Workload = "synthetic single-turn behind a shared system prompt"
+	default:
+		return fmt.Errorf("unknown -workload %q", *kind)
+	}
+	if err != nil {
+		return err
+	}
+	if *name == "" {
+		*name = *kind
+	}
+	rep, err := bench.Run(cfg)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteFiles(*out, *name); err != nil {
+		return err
+	}
+	return rep.WriteMarkdown(os.Stdout, "")
+}
+
+func baseName(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		return path[i+1:]
+	}
+	return path
+}
