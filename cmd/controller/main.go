@@ -1,0 +1,43 @@
+// Command controller runs the inferencecache operator: the CachePolicy /
+// CacheTenant propagation to the routing server, the CacheIndex and
+// CacheTenant status projection of the server's snapshot, and the validating
+// admission webhooks. All wiring lives in operator/manager.
+package main
+
+import (
+	"flag"
+	"os"
+
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/inferencecache/inferencecache/operator/manager"
+)
+
+func main() {
+	var o manager.Options
+	flag.StringVar(&o.ServerAddress, "server-address", "http://inferencecache-server.inferencecache-system.svc:8081", "Internal (:8081) address of the routing server.")
+	flag.StringVar(&o.PolicyTokenPath, "policy-token-path", "/var/run/secrets/inferencecache.io/policy-token/token", "File of the projected token with audience inferencecache.io/policy, sent to /policy (re-read on every push). Empty sends none.")
+	flag.StringVar(&o.ControllerTokenPath, "controller-token-path", "/var/run/secrets/inferencecache.io/controller-token/token", "File of the projected token with audience inferencecache.io/controller, sent to /snapshot (re-read on every poll). Empty sends none.")
+	flag.DurationVar(&o.PushInterval, "push-interval", manager.DefaultInterval, "Period of the full policy re-push.")
+	flag.DurationVar(&o.SnapshotInterval, "snapshot-interval", manager.DefaultInterval, "Period of the /snapshot poll.")
+	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; 0 disables it.")
+	flag.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
+	flag.BoolVar(&o.LeaderElect, "leader-elect", false, "Elect a leader so only one replica runs the controllers (webhooks run on every replica).")
+	flag.StringVar(&o.LeaderElectionID, "leader-election-id", "inferencecache-controller.inferencecache.io", "Name of the leader election Lease.")
+	flag.BoolVar(&o.EnableWebhooks, "enable-webhooks", true, "Serve the validating admission webhooks.")
+	flag.IntVar(&o.WebhookPort, "webhook-port", 9443, "Port of the webhook server.")
+	flag.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding the webhook server's tls.crt and tls.key.")
+	flag.BoolVar(&o.SelfSignedCerts, "webhook-self-signed", true, "Issue the webhook certificate from a CA kept in --webhook-secret-name and set the caBundle; false expects tls.crt/tls.key mounted in --webhook-cert-dir (e.g. by cert-manager).")
+	flag.StringVar(&o.WebhookSecretName, "webhook-secret-name", "inferencecache-webhook-cert", "Secret (in the pod's namespace, POD_NAMESPACE) that keeps the self-signed webhook CA and certificate.")
+	flag.StringVar(&o.WebhookServiceName, "webhook-service-name", "inferencecache-webhook-service", "Service the apiserver calls the webhooks through.")
+	flag.StringVar(&o.WebhookConfigName, "webhook-config-name", "inferencecache-validating-webhook", "ValidatingWebhookConfiguration whose caBundle is set.")
+	klog.InitFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(klog.NewKlogr())
+
+	if err := manager.Run(ctrl.SetupSignalHandler(), o); err != nil {
+		ctrl.Log.Error(err, "controller failed")
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,178 @@
+// Package controller holds the inferencecache controllers:
+//
+//   - PolicyPropagator: CachePolicy + CacheTenant -> the server's /policy,
+//     plus CachePolicy status (Accepted / Conflicted / Invalid);
+//   - SnapshotPoller: the server's /snapshot -> CacheIndex cluster-default
+//     and CacheTenant status.
+//
+// Both are single-key controllers driven by watch events and a timer; see
+// their doc comments for the reconcile contract. The resolution rules live
+// in resolve.go and project.go as pure functions.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+)
+
+// DefaultInterval is the default period of the policy push and the snapshot
+// poll.
+const DefaultInterval = 30 * time.Second
+
+// Options configures Setup.
+type Options struct {
+	// Server is the routing server client (required).
+	Server *ServerClient
+	// PushInterval and SnapshotInterval default to DefaultInterval.
+	PushInterval     time.Duration
+	SnapshotInterval time.Duration
+	// DisableSnapshot leaves the SnapshotPoller out.
+	DisableSnapshot bool
+}
+
+// Setup registers the PolicyPropagator and the SnapshotPoller with mgr.
+//
+// A kind whose CRD is served when Setup runs is watched through the
+// manager's cache. A kind that is not served is not watched (a watch would
+// fail the manager); it is listed live on every tick instead, quietly empty
+// until its CRD is installed.
+func Setup(mgr ctrl.Manager, o Options) error {
+	if o.Server == nil {
+		return errors.New("controller: Options.Server is required")
+	}
+	if o.PushInterval <= 0 {
+		o.PushInterval = DefaultInterval
+	}
+	if o.SnapshotInterval <= 0 {
+		o.SnapshotInterval = DefaultInterval
+	}
+	served := func(obj client.Object) bool {
+		gvk, err := mgr.GetClient().GroupVersionKindFor(obj)
+		if err != nil {
+			return false
+		}
+		_, err = mgr.GetRESTMapper().RESTMapping(gvk.GroupKind(), gvk.Version)
+		return err == nil
+	}
+	reader := func(watched bool) client.Reader {
+		if watched {
+			return mgr.GetClient()
+		}
+		return mgr.GetAPIReader()
+	}
+	polServed := served(&v1alpha1.CachePolicy{})
+	tenServed := served(&v1alpha1.CacheTenant{})
+	idxServed := served(&v1alpha1.CacheIndex{})
+	if !polServed || !tenServed || !idxServed {
+		mgr.GetLogger().Info("some inferencecache.io CRDs are not installed; those kinds are polled, not watched, until the next restart",
+			"cachepolicies", polServed, "cachetenants", tenServed, "cacheindices", idxServed)
+	}
+
+	prop := &PolicyPropagator{
+		Policies: reader(polServed),
+		Tenants:  reader(tenServed),
+		Status:   mgr.GetClient(),
+		Server:   o.Server,
+		Recorder: mgr.GetEventRecorder("inferencecache-controller"),
+		Interval: o.PushInterval,
+	}
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named("policy-propagation").
+		WithOptions(singleKeyOptions(o.PushInterval)).
+		WatchesRawSource(kick(PropagationKey))
+	if polServed {
+		b = b.Watches(&v1alpha1.CachePolicy{}, toKey(PropagationKey), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	}
+	if tenServed {
+		b = b.Watches(&v1alpha1.CacheTenant{}, toKey(PropagationKey), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	}
+	if err := b.Complete(prop); err != nil {
+		return fmt.Errorf("cannot set up the policy propagation controller: %w", err)
+	}
+
+	if o.DisableSnapshot {
+		return nil
+	}
+	poll := &SnapshotPoller{
+		Index:    reader(idxServed),
+		Tenants:  reader(tenServed),
+		Writer:   mgr.GetClient(),
+		Server:   o.Server,
+		Interval: o.SnapshotInterval,
+	}
+	b = ctrl.NewControllerManagedBy(mgr).
+		Named("cache-snapshot").
+		WithOptions(singleKeyOptions(o.SnapshotInterval)).
+		WatchesRawSource(kick(SnapshotKey))
+	if tenServed {
+		b = b.Watches(&v1alpha1.CacheTenant{}, toKey(SnapshotKey), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	}
+	if err := b.Complete(poll); err != nil {
+		return fmt.Errorf("cannot set up the cache snapshot controller: %w", err)
+	}
+	return nil
+}
+
+// singleKeyOptions: one worker, and failure backoff from 250 ms doubling up
+// to the tick interval, so a failing server is retried quickly at first and
+// never less often than the periodic tick.
+func singleKeyOptions(interval time.Duration) controller.Options {
+	return controller.Options{
+		MaxConcurrentReconciles: 1,
+		RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](250*time.Millisecond, interval),
+	}
+}
+
+// kick enqueues key once when the controller starts, so the first push and
+// poll do not wait for an event.
+func kick(key reconcile.Request) source.Source {
+	return source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+		q.Add(key)
+		return nil
+	})
+}
+
+// toKey maps every event to key.
+func toKey(key reconcile.Request) handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{key}
+	})
+}
+
+// kindMissing reports whether err says the kind is not served (CRD not
+// installed).
+func kindMissing(err error) bool {
+	return meta.IsNoMatchError(err) || apierrors.IsNotFound(err) && isKindNotFound(err)
+}
+
+// isKindNotFound distinguishes "the resource type is not served" (a 404 on
+// a list) from a missing named object.
+func isKindNotFound(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return false
+	}
+	d := st.Status().Details
+	return d == nil || d.Name == ""
+}
+
+func findCondition(cs []metav1.Condition, typ string) *metav1.Condition {
+	return meta.FindStatusCondition(cs, typ)
+}

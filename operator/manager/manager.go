@@ -1,0 +1,126 @@
+// Package manager wires the inferencecache operator together: scheme,
+// webhook certificate, controller-runtime manager, controllers, webhooks and
+// probes. cmd/controller parses flags into Options and calls Run.
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/certs"
+	"github.com/inferencecache/inferencecache/operator/internal/controller"
+	icwebhook "github.com/inferencecache/inferencecache/operator/internal/webhook"
+)
+
+// DefaultInterval is the default push and poll period.
+const DefaultInterval = controller.DefaultInterval
+
+// Options is the operator's configuration; cmd/controller fills it from
+// flags.
+type Options struct {
+	ServerAddress       string
+	PolicyTokenPath     string
+	ControllerTokenPath string
+	PushInterval        time.Duration
+	SnapshotInterval    time.Duration
+	MetricsAddr         string
+	ProbeAddr           string
+	LeaderElect         bool
+	LeaderElectionID    string
+	EnableWebhooks      bool
+	WebhookPort         int
+	WebhookCertDir      string
+	SelfSignedCerts     bool
+	WebhookSecretName   string
+	WebhookServiceName  string
+	WebhookConfigName   string
+}
+
+// Scheme returns a scheme with the built-in kinds and inferencecache.io/v1alpha1.
+func Scheme() *runtime.Scheme {
+	scheme := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(v1alpha1.AddToScheme(scheme))
+	return scheme
+}
+
+// Run starts the operator and blocks until ctx is done or the manager fails.
+func Run(ctx context.Context, f Options) error {
+	log := ctrl.Log.WithName("setup")
+	scheme := Scheme()
+
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("cannot load kubeconfig: %w", err)
+	}
+	if f.EnableWebhooks && f.SelfSignedCerts {
+		ns := os.Getenv("POD_NAMESPACE")
+		if ns == "" {
+			return errors.New("POD_NAMESPACE must be set (downward API) for --webhook-self-signed")
+		}
+		c, err := client.New(cfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return fmt.Errorf("cannot create bootstrap client: %w", err)
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		_, err = certs.Ensure(cctx, c, certs.Options{
+			Namespace: ns, SecretName: f.WebhookSecretName, ServiceName: f.WebhookServiceName,
+			CertDir: f.WebhookCertDir, WebhookConfigName: f.WebhookConfigName,
+		})
+		cancel()
+		if err != nil {
+			return err
+		}
+		log.Info("webhook certificate ready", "secret", ns+"/"+f.WebhookSecretName)
+	}
+
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: f.MetricsAddr},
+		HealthProbeBindAddress: f.ProbeAddr,
+		LeaderElection:         f.LeaderElect,
+		LeaderElectionID:       f.LeaderElectionID,
+		WebhookServer:          webhook.NewServer(webhook.Options{Port: f.WebhookPort, CertDir: f.WebhookCertDir}),
+	})
+	if err != nil {
+		return fmt.Errorf("cannot create manager: %w", err)
+	}
+	server := &controller.ServerClient{
+		BaseURL:             f.ServerAddress,
+		PolicyTokenPath:     f.PolicyTokenPath,
+		ControllerTokenPath: f.ControllerTokenPath,
+	}
+	if err := controller.Setup(mgr, controller.Options{
+		Server: server, PushInterval: f.PushInterval, SnapshotInterval: f.SnapshotInterval,
+	}); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return fmt.Errorf("cannot add health check: %w", err)
+	}
+	ready := healthz.Ping
+	if f.EnableWebhooks {
+		if err := icwebhook.Setup(mgr, mgr.GetAPIReader()); err != nil {
+			return fmt.Errorf("cannot set up webhooks: %w", err)
+		}
+		ready = mgr.GetWebhookServer().StartedChecker()
+	}
+	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
+		return fmt.Errorf("cannot add ready check: %w", err)
+	}
+	log.Info("starting manager", "server", f.ServerAddress, "pushInterval", f.PushInterval, "snapshotInterval", f.SnapshotInterval)
+	return mgr.Start(ctx)
+}
