@@ -1,0 +1,186 @@
+package kvevents
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+)
+
+// PressureCeiling is the running+waiting request count that maps to
+// pressure 1 (contract §6).
+const PressureCeiling = 256
+
+// maxMetricsBody bounds an engine /metrics response.
+const maxMetricsBody = 16 << 20
+
+// Engine metric names, in order of preference; counters are looked up with
+// and without the _total suffix.
+var (
+	vllmHits      = []string{"vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"}
+	vllmQueries   = []string{"vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"}
+	vllmRunning   = []string{"vllm:num_requests_running"}
+	vllmWaiting   = []string{"vllm:num_requests_waiting"}
+	vllmUsage     = []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc"}
+	vllmT2Hits    = []string{"vllm:external_prefix_cache_hits"}
+	vllmT2Queries = []string{"vllm:external_prefix_cache_queries"}
+
+	sglangHitRate = []string{"sglang:cache_hit_rate"}
+	sglangUsage   = []string{"sglang:token_usage"}
+	sglangRunning = []string{"sglang:num_running_reqs"}
+	sglangQueue   = []string{"sglang:num_queue_reqs"}
+)
+
+// StatsScraper reads an engine's Prometheus /metrics (vLLM or SGLang, told
+// apart by their metric prefixes) and turns it into ReplicaStats. It keeps
+// the previous counters to compute the hit rate over the last interval, so
+// one StatsScraper serves one engine from one goroutine.
+type StatsScraper struct {
+	URL            string
+	CacheSizeBytes int64
+	ClientVersion  string
+	Client         *http.Client // nil means http.DefaultClient
+
+	havePrev            bool
+	prevHits, prevQuery float64
+	lastHitRate         float32
+	parser              expfmt.TextParser
+	parserReady         bool
+}
+
+// Scrape fetches the metrics once and returns the stats to report. The
+// caller bounds it with ctx.
+func (s *StatsScraper) Scrape(ctx context.Context) (*icv1.ReplicaStats, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
+	if err != nil {
+		return nil, fmt.Errorf("cannot build metrics request: %w", err)
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	client := s.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot scrape engine metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("cannot scrape engine metrics: %s", resp.Status)
+	}
+	return s.Parse(io.LimitReader(resp.Body, maxMetricsBody))
+}
+
+// Parse computes stats from a Prometheus text exposition.
+func (s *StatsScraper) Parse(r io.Reader) (*icv1.ReplicaStats, error) {
+	if !s.parserReady {
+		s.parser = expfmt.NewTextParser(model.LegacyValidation)
+		s.parserReady = true
+	}
+	fams, err := s.parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("cannot parse engine metrics: %w", err)
+	}
+	st := &icv1.ReplicaStats{ClientVersion: s.ClientVersion}
+	sglang := false
+	for name := range fams {
+		if strings.HasPrefix(name, "sglang:") {
+			sglang = true
+			break
+		}
+	}
+	var usage, load float64
+	if sglang {
+		hr, _ := lookup(fams, sglangHitRate)
+		st.HitRate = clamp01(hr)
+		usage, _ = lookup(fams, sglangUsage)
+		r, _ := lookup(fams, sglangRunning)
+		q, _ := lookup(fams, sglangQueue)
+		load = r + q
+	} else {
+		st.HitRate = s.vllmHitRate(fams)
+		usage, _ = lookup(fams, vllmUsage)
+		r, _ := lookup(fams, vllmRunning)
+		w, _ := lookup(fams, vllmWaiting)
+		load = r + w
+		if v, ok := lookup(fams, vllmT2Hits); ok {
+			st.T2HitTokens = int64(v)
+		}
+		if v, ok := lookup(fams, vllmT2Queries); ok {
+			st.T2QueryTokens = int64(v)
+		}
+	}
+	st.Pressure = clamp01(load / PressureCeiling)
+	st.CacheMemoryBytes = int64(float64(clamp01(usage)) * float64(s.CacheSizeBytes))
+	return st, nil
+}
+
+// vllmHitRate is Δhits/Δqueries since the previous scrape. The first
+// scrape, and one after a counter reset, use the lifetime ratio; an
+// interval without queries keeps the previous rate.
+func (s *StatsScraper) vllmHitRate(fams map[string]*dto.MetricFamily) float32 {
+	hits, okH := lookup(fams, vllmHits)
+	queries, okQ := lookup(fams, vllmQueries)
+	if !okH || !okQ {
+		return s.lastHitRate
+	}
+	var rate float32
+	dh, dq := hits-s.prevHits, queries-s.prevQuery
+	switch {
+	case !s.havePrev || dh < 0 || dq < 0:
+		if queries > 0 {
+			rate = clamp01(hits / queries)
+		}
+	case dq == 0:
+		rate = s.lastHitRate
+	default:
+		rate = clamp01(dh / dq)
+	}
+	s.havePrev, s.prevHits, s.prevQuery, s.lastHitRate = true, hits, queries, rate
+	return rate
+}
+
+// lookup sums every series of the first family found among names, each
+// tried as is and with a _total suffix.
+func lookup(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
+	for _, n := range names {
+		for _, name := range [2]string{n, n + "_total"} {
+			f, ok := fams[name]
+			if !ok {
+				continue
+			}
+			var sum float64
+			for _, m := range f.GetMetric() {
+				switch {
+				case m.Counter != nil:
+					sum += m.GetCounter().GetValue()
+				case m.Gauge != nil:
+					sum += m.GetGauge().GetValue()
+				case m.Untyped != nil:
+					sum += m.GetUntyped().GetValue()
+				}
+			}
+			return sum, true
+		}
+	}
+	return 0, false
+}
+
+func clamp01(v float64) float32 {
+	if math.IsNaN(v) || v < 0 {
+		return 0
+	}
+	if v > 1 {
+		return 1
+	}
+	return float32(v)
+}
