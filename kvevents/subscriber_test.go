@@ -70,6 +70,13 @@ func startZMQ(t *testing.T, enc fakeengine.Encoding, replay bool, cfgMut func(*C
 // overwritten) and a subscriber following it.
 func startZMQWith(t *testing.T, pcfg fakeengine.Config, replay bool, cfgMut func(*Config)) *zmqFixture {
 	t.Helper()
+	return startZMQSink(t, pcfg, replay, cfgMut, nil)
+}
+
+// startZMQSink is startZMQWith delivering to sink; nil records into
+// zmqFixture.sink.
+func startZMQSink(t *testing.T, pcfg fakeengine.Config, replay bool, cfgMut func(*Config), sink Sink) *zmqFixture {
+	t.Helper()
 	pcfg.Endpoint, pcfg.Topic = "tcp://127.0.0.1:0", "kv-events"
 	if replay {
 		pcfg.ReplayEndpoint = "tcp://127.0.0.1:0"
@@ -80,7 +87,10 @@ func startZMQWith(t *testing.T, pcfg fakeengine.Config, replay bool, cfgMut func
 	}
 	t.Cleanup(func() { _ = pub.Close() })
 
-	sink := &recSink{}
+	rec := &recSink{}
+	if sink == nil {
+		sink = rec
+	}
 	reg := prometheus.NewRegistry()
 	cfg := Config{
 		ReplicaID: "r1", ModelID: "m", TenantID: "t", HashScheme: "vllm",
@@ -103,7 +113,7 @@ func startZMQWith(t *testing.T, pcfg fakeengine.Config, replay bool, cfgMut func
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(ctx) }()
-	f := &zmqFixture{pub: pub, sub: sub, sink: sink, reg: reg}
+	f := &zmqFixture{pub: pub, sub: sub, sink: rec, reg: reg}
 	var stopped bool
 	f.stop = func() {
 		if stopped {
