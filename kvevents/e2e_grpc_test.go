@@ -23,7 +23,7 @@ import (
 type fakeServer struct {
 	icv1.UnimplementedInferenceCacheServer
 
-	mu      sync.Mutex // guards the fields below
+	mu      sync.Mutex                           // guards the fields below
 	held    map[string]map[string]icv1.CacheTier // replica → key/adapter → tier
 	stats   map[string]*icv1.ReplicaStats
 	streams int
