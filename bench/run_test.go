@@ -200,32 +200,61 @@ func TestMooncakePublishedFigures(t *testing.T) {
 	f(8000, 17.76)
 }
 
-// TestMooncakeRun runs every default policy over the full shared trace at
-// one cache size and checks ordering facts the committed results rely on.
-func TestMooncakeRun(t *testing.T) {
-	if testing.Short() {
-		t.Skip("full-trace run skipped in -short mode")
+// TestCommittedResults regenerates bench/results/conversation.{md,svg}
+// from the shared Mooncake trace with cmd/bench's defaults and requires the
+// committed files to match, so the published table always comes from the
+// code in the tree. It also checks ordering facts the results README
+// relies on. Regenerate with
+//
+//	go run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation
+//
+// or: go test ./bench -run CommittedResults -rewrite
+func TestCommittedResults(t *testing.T) {
+	if raceEnabled {
+		// Simulate is single-goroutine; Run's concurrency is covered by
+		// TestRunDeterministic, which does run under the race detector.
+		t.Skip("full-trace golden check skipped under the race detector (slow)")
 	}
-	reqs, err := workload.LoadTrace(sharedTrace(t), workload.MooncakeBlockSize, 0)
+	path := sharedTrace(t)
+	reqs, err := workload.LoadTrace(path, workload.MooncakeBlockSize, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig("mooncake", reqs)
-	cfg.CacheBlocks = []int{1000}
-	rep, err := Run(cfg)
+	rep, err := Run(DefaultConfig("trace "+filepath.Base(path), reqs))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := rep.Sizes[0]
-	byName := map[string]Result{}
-	for _, r := range s.Results {
-		byName[r.Policy] = r
-		if r.HitBlocks > rep.Infinite.HitBlocks {
-			t.Fatalf("%s beats the infinite cache", r.Policy)
+	dir := filepath.Join("results")
+	if !*rewrite {
+		dir = t.TempDir()
+	}
+	if err := rep.WriteFiles(dir, "conversation"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"conversation.md", "conversation.svg"} {
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(filepath.Join("results", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("results/%s is stale; regenerate it (see the test's doc):\n%s", name, got)
 		}
 	}
-	if lp, rr := byName["longest-prefix"], byName["round-robin"]; lp.BlockHitRatio() < 2*rr.BlockHitRatio() {
-		t.Fatalf("longest-prefix %.4f is not well above round-robin %.4f", lp.BlockHitRatio(), rr.BlockHitRatio())
+	for _, s := range rep.Sizes {
+		byName := map[string]Result{}
+		for _, r := range s.Results {
+			byName[r.Policy] = r
+			if r.HitBlocks > rep.Infinite.HitBlocks {
+				t.Fatalf("%s beats the infinite cache", r.Policy)
+			}
+		}
+		if lp, rr := byName["longest-prefix"], byName["round-robin"]; lp.BlockHitRatio() < 2*rr.BlockHitRatio() {
+			t.Fatalf("%d blocks: longest-prefix %.4f is not well above round-robin %.4f", s.CacheBlocks, lp.BlockHitRatio(), rr.BlockHitRatio())
+		}
 	}
 }
 

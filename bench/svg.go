@@ -17,8 +17,8 @@ var svgPalette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
 // no scripts or external references, and is deterministic for a Report.
 func (r *Report) WriteSVG(w io.Writer) error {
 	const (
-		width, height        = 760, 420
-		left, right          = 60, 210 // plot margins; the legend sits on the right
+		width, height        = 800, 420
+		left, right          = 60, 250 // plot margins; the legend sits on the right
 		top, bottom          = 40, 50
 		plotW, plotH         = width - left - right, height - top - bottom
 		legendX, legendLineH = width - right + 20, 18
