@@ -9,8 +9,10 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -20,20 +22,25 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// run parses args, runs the simulation, writes the result files and
+// prints the Markdown table to stdout.
+func run(args []string, stdout io.Writer) error {
 	def := bench.DefaultConfig("", nil)
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var (
 		kind      = fs.String("workload", "trace", "request stream: trace, chat, rag or shared-prompt")
 		trace     = fs.String("trace", "", "Mooncake-format JSONL trace (for -workload trace)")
 		blockSize = fs.Int("trace-block-size", workload.MooncakeBlockSize, "tokens per hash id in the trace")
-		limit     = fs.Int("limit", 0, "read at most this many trace requests (0 = all)")
+		limit     = fs.Int("limit", 0, "use at most this many requests (0 = all)")
 		sizes     = fs.String("cache-blocks", "1000,4000", "comma-separated cache sizes per replica, in blocks")
 		out       = fs.String("out", "bench/results", "output directory")
 		name      = fs.String("name", "", "base name of the output files (default: the workload)")
@@ -92,6 +99,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if *limit > 0 && len(cfg.Requests) > *limit {
+		cfg.Requests = cfg.Requests[:*limit]
+	}
 	if *name == "" {
 		*name = *kind
 	}
@@ -102,7 +112,7 @@ func run(args []string) error {
 	if err := rep.WriteFiles(*out, *name); err != nil {
 		return err
 	}
-	return rep.WriteMarkdown(os.Stdout, "")
+	return rep.WriteMarkdown(stdout, "")
 }
 
 func baseName(path string) string {
