@@ -1,0 +1,149 @@
+package validation
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+)
+
+func TestEndpoint(t *testing.T) {
+	f := func(in, wantErr string) {
+		t.Helper()
+		err := Endpoint(in)
+		switch {
+		case wantErr == "" && err != nil:
+			t.Errorf("Endpoint(%q) = %v, want ok", in, err)
+		case wantErr != "" && err == nil:
+			t.Errorf("Endpoint(%q) = ok, want error containing %q", in, wantErr)
+		case wantErr != "" && !strings.Contains(err.Error(), wantErr):
+			t.Errorf("Endpoint(%q) = %v, want error containing %q", in, err, wantErr)
+		}
+	}
+	f("lmcache.cache.svc:8200", "")
+	f("lm://lmcache.cache.svc:8200", "")
+	f("10.0.0.7:65535", "")
+	f("[::1]:8200", "")
+	f("lm://[fd00::7]:1", "")
+	f("lmcache", "with a port")
+	f("lmcache:", "must be a number")
+	f("lmcache:0", "from 1 to 65535")
+	f("lmcache:65536", "from 1 to 65535")
+	f("lmcache:http", "must be a number")
+	f(":8200", "host is empty")
+	f("::1:8200", "IPv6 address must be in brackets")
+	f("fd00::7", "IPv6 address must be in brackets")
+	f("[10.0.0.1]:8200", "only for IPv6")
+	f("http://lmcache:8200", `scheme "http://" is not supported`)
+	f("grpc://lmcache:8200", "not supported")
+	f("lmcache:8200/path", "path, query or fragment")
+	f("lm://lmcache:8200?x=1", "path, query or fragment")
+	f("lmcache:8200#frag", "path, query or fragment")
+}
+
+func FuzzEndpoint(f *testing.F) {
+	for _, s := range []string{"a:1", "lm://a:1", "[::1]:2", "::1:2", "http://a:1", "a", "a:1/b", "[a]:1", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if Endpoint(s) != nil {
+			return
+		}
+		// Whatever is accepted is lm:// plus host:port with a port in range.
+		rest := strings.TrimPrefix(s, "lm://")
+		if strings.Contains(rest, "://") || strings.ContainsAny(rest, "/?#") {
+			t.Fatalf("accepted %q with a scheme or path", s)
+		}
+	})
+}
+
+func TestParseRoutingFloorScore(t *testing.T) {
+	ok := map[string]float32{"0": 0, "0.1": 0.1, "5": 5, "12345678.123456": 12345678.123456, "10.5": 10.5}
+	for in, want := range ok {
+		got, err := ParseRoutingFloorScore(in)
+		if err != nil || got != want {
+			t.Errorf("ParseRoutingFloorScore(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "-1", "01", "1.", ".5", "1e3", "NaN", "Inf", "+1", "123456789", "0.1234567", "0x10", " 1"} {
+		if _, err := ParseRoutingFloorScore(in); err == nil {
+			t.Errorf("ParseRoutingFloorScore(%q) accepted", in)
+		}
+	}
+}
+
+func TestCachePolicySpec(t *testing.T) {
+	i32 := func(v int32) *int32 { return &v }
+	str := func(v string) *string { return &v }
+	b := func(v bool) *bool { return &v }
+	dur := func(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+	f := func(spec v1alpha1.CachePolicySpec, wantFields ...string) {
+		t.Helper()
+		errs := CachePolicySpec(&spec, field.NewPath("spec"))
+		var got []string
+		for _, e := range errs {
+			got = append(got, e.Field)
+		}
+		if strings.Join(got, ",") != strings.Join(wantFields, ",") {
+			t.Errorf("errors on %v, want %v (%v)", got, wantFields, errs)
+		}
+	}
+	f(v1alpha1.CachePolicySpec{})
+	f(v1alpha1.CachePolicySpec{Eviction: "LFU", EvictionTTL: dur(time.Minute), RoutingFloorScore: str("0"), AffinityRouting: "Disabled"})
+	f(v1alpha1.CachePolicySpec{EvictionTTL: dur(0)}, "spec.evictionTTL")
+	f(v1alpha1.CachePolicySpec{EvictionTTL: dur(-time.Second)}, "spec.evictionTTL")
+	f(v1alpha1.CachePolicySpec{Eviction: "lfu"}, "spec.eviction")
+	f(v1alpha1.CachePolicySpec{RoutingFloorScore: str("abc")}, "spec.routingFloorScore")
+	f(v1alpha1.CachePolicySpec{MinimumPrefixTokens: i32(-1), LookupTimeoutMs: i32(-2)}, "spec.minimumPrefixTokens", "spec.lookupTimeoutMs")
+	f(v1alpha1.CachePolicySpec{Strategy: &v1alpha1.CachePolicyStrategy{RequireChain: b(true), EnableChainMatching: b(false)}}, "spec.strategy.requireChain")
+	f(v1alpha1.CachePolicySpec{Strategy: &v1alpha1.CachePolicyStrategy{RequireChain: b(true)}})
+	f(v1alpha1.CachePolicySpec{AffinityRouting: "On"}, "spec.affinityRouting")
+}
+
+func TestCacheBackendEndpoint(t *testing.T) {
+	f := func(typ v1alpha1.CacheBackendType, ep string, want field.ErrorType) {
+		t.Helper()
+		errs := CacheBackendEndpoint(&v1alpha1.CacheBackendSpec{Type: typ, Endpoint: ep}, field.NewPath("spec"))
+		switch {
+		case want == "" && len(errs) != 0:
+			t.Errorf("type %q endpoint %q: %v, want ok", typ, ep, errs)
+		case want != "" && (len(errs) != 1 || errs[0].Type != want || errs[0].Field != "spec.endpoint"):
+			t.Errorf("type %q endpoint %q: %v, want one %s on spec.endpoint", typ, ep, errs, want)
+		}
+	}
+	f("External", "a:1", "")
+	f("External", "", field.ErrorTypeRequired)
+	f("External", "a", field.ErrorTypeInvalid)
+	f("LMCache", "", "")
+	f("", "", "")
+	f("LMCache", "a:1", field.ErrorTypeForbidden)
+	f("", "a:1", field.ErrorTypeForbidden)
+	f("Mooncake", "a:1", field.ErrorTypeForbidden)
+}
+
+func TestIntroduced(t *testing.T) {
+	p := field.NewPath("spec")
+	a := field.Invalid(p.Child("a"), 1, "x")
+	a2 := field.Invalid(p.Child("a"), 2, "y") // same field and type, other value
+	b := field.Invalid(p.Child("b"), 1, "x")
+	got := Introduced(field.ErrorList{a2, b}, field.ErrorList{a})
+	if len(got) != 1 || got[0] != b {
+		t.Fatalf("Introduced = %v, want only spec.b", got)
+	}
+	if got := Introduced(nil, field.ErrorList{a}); len(got) != 0 {
+		t.Fatalf("Introduced(nil) = %v", got)
+	}
+}
+
+func TestTenantID(t *testing.T) {
+	if TenantID("team-a", field.NewPath("x")) != nil {
+		t.Fatal("team-a refused")
+	}
+	if e := TenantID("inferencecache.io/probe", field.NewPath("spec", "tenantID")); e == nil || !strings.Contains(e.Error(), "reserved") {
+		t.Fatalf("reserved id: %v", e)
+	}
+}
