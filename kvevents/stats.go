@@ -120,7 +120,9 @@ func (s *StatsScraper) Parse(r io.Reader) (*icv1.ReplicaStats, error) {
 		}
 	}
 	st.Pressure = clamp01(load / PressureCeiling)
-	st.CacheMemoryBytes = int64(float64(clamp01(usage)) * float64(s.CacheSizeBytes))
+	if !math.IsNaN(usage) {
+		st.CacheMemoryBytes = int64(float64(s.CacheSizeBytes) * min(max(usage, 0), 1))
+	}
 	return st, nil
 }
 

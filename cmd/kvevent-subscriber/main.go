@@ -1,0 +1,127 @@
+// Command kvevent-subscriber runs beside an inference engine (a sidecar in
+// the engine pod): it follows the engine's ZMQ KV-event stream, keeps the
+// replica's positional index and reports it to the inferencecache server
+// over gRPC. See kvevents/README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/inferencecache/inferencecache/kvevents"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "kvevent-subscriber:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		cfg        kvevents.Config
+		loras      string
+		serverAddr string
+		tlsFiles   kvevents.TLSFiles
+		metricsAdr string
+		logLevel   string
+	)
+	fs := flag.NewFlagSet("kvevent-subscriber", flag.ContinueOnError)
+	fs.StringVar(&cfg.ReplicaID, "replica-id", "", "replica id reported to the server (the pod name)")
+	fs.StringVar(&cfg.TenantID, "tenant-id", "", "tenant id (the pod namespace)")
+	fs.StringVar(&cfg.ModelID, "model-id", "", "model id")
+	fs.StringVar(&cfg.HashScheme, "hash-scheme", "vllm", "engine hash scheme: vllm or sglang")
+	fs.StringVar(&cfg.Endpoint, "engine-endpoint", kvevents.DefaultEndpoint, "engine ZMQ PUB endpoint")
+	fs.StringVar(&cfg.ReplayEndpoint, "engine-replay-endpoint", "", "engine ZMQ replay ROUTER endpoint (empty: gaps reset the replica)")
+	fs.StringVar(&cfg.Topic, "topic", kvevents.DefaultTopic, "ZMQ topic to subscribe to")
+	fs.StringVar(&cfg.MetricsURL, "engine-metrics-url", "", "engine Prometheus /metrics URL (empty: no stats)")
+	fs.Int64Var(&cfg.CacheSizeBytes, "engine-cache-size-bytes", 0, "engine KV cache size in bytes (scales the usage gauge)")
+	fs.IntVar(&cfg.BlockSize, "block-size", 16, "engine block size in tokens, for events that carry none")
+	fs.BoolVar(&cfg.L2, "ignore-block-removed", false, "an offload tier (L2) keeps evicted blocks: re-report them at T2 instead of evicting")
+	fs.StringVar(&loras, "lora-adapter-names", "", `LoRA id to adapter name map, e.g. "1=a,2=b"`)
+	fs.StringVar(&serverAddr, "server-address", "127.0.0.1:9090", "inferencecache gRPC server address")
+	fs.BoolVar(&tlsFiles.Enable, "tls", false, "use TLS to the server (implied by any --tls-* file)")
+	fs.StringVar(&tlsFiles.CAFile, "tls-ca-file", "", "CA bundle verifying the server")
+	fs.StringVar(&tlsFiles.CertFile, "tls-cert-file", "", "client certificate (mTLS)")
+	fs.StringVar(&tlsFiles.KeyFile, "tls-key-file", "", "client key (mTLS)")
+	fs.StringVar(&tlsFiles.ServerName, "tls-server-name", "", "server name to verify (default: from the address)")
+	fs.StringVar(&metricsAdr, "metrics-bind-address", ":9091", "address of the subscriber's own /metrics (empty: off)")
+	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("cannot parse --log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if cfg.ReplicaID == "" || cfg.ModelID == "" {
+		return errors.New("--replica-id and --model-id are required")
+	}
+	if cfg.HashScheme == "" {
+		return errors.New("--hash-scheme must not be empty (the server drops prefixes without one)")
+	}
+	var err error
+	if cfg.LoRAAdapters, err = kvevents.ParseLoRAAdapters(loras); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Registerer = reg
+	cfg.Logger = log
+
+	conn, err := kvevents.DialServer(serverAddr, tlsFiles)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sub, err := kvevents.New(cfg, kvevents.NewGRPCSink(conn, log))
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	var metricsSrv *http.Server
+	if metricsAdr != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		metricsSrv = &http.Server{Addr: metricsAdr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := metricsSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics listener failed", "addr", metricsAdr, "err", err)
+			}
+		}()
+	}
+
+	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID,
+		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", serverAddr, "l2", cfg.L2)
+	runErr := sub.Run(ctx) // returns after ctx is done and a bounded flush
+	if metricsSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = metricsSrv.Shutdown(sctx)
+		cancel()
+	}
+	log.Info("kvevent-subscriber stopped", "err", runErr)
+	return runErr
+}
