@@ -26,8 +26,8 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 		t.Fatalf("hack/manifests.sh: %v\n%s", err, b)
 	}
 	pairs := map[string]string{
-		filepath.Join(out, "zz_generated.deepcopy.go"): filepath.Join(root, "operator", "api", "v1alpha1", "zz_generated.deepcopy.go"),
-		filepath.Join(out, "rbac", "role.yaml"):        filepath.Join(root, "operator", "config", "rbac", "role.yaml"),
+		filepath.Join(out, "zz_generated.deepcopy.go"):  filepath.Join(root, "operator", "api", "v1alpha1", "zz_generated.deepcopy.go"),
+		filepath.Join(out, "rbac", "role.yaml"):         filepath.Join(root, "operator", "config", "rbac", "role.yaml"),
 		filepath.Join(out, "webhook", "manifests.yaml"): filepath.Join(root, "operator", "config", "webhook", "manifests.yaml"),
 	}
 	crds, err := filepath.Glob(filepath.Join(out, "crd", "bases", "*.yaml"))

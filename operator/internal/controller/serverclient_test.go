@@ -18,7 +18,9 @@ import (
 	"github.com/inferencecache/inferencecache/policy"
 )
 
-func nsKey(ns, name string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: name} }
+func nsKey(ns, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
 
 func TestServerClientRereadsToken(t *testing.T) {
 	dir := t.TempDir()

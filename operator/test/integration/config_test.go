@@ -1,0 +1,163 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+// render builds a kustomization directory with the kustomize library, as
+// `kubectl apply -k` would, and returns its objects.
+func render(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	rm, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	var out []*unstructured.Unstructured
+	for _, r := range rm.Resources() {
+		raw, err := r.AsYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(raw, &u.Object); err != nil {
+			t.Fatalf("%s: %v", r.CurId(), err)
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+// dryRunApply server-side applies every object with dryRun=All: the
+// apiserver runs schema validation, defaulting, CEL and the admission
+// webhooks, and persists nothing.
+func dryRunApply(t *testing.T, ctx context.Context, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, u := range objs {
+		err := k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
+			client.DryRunAll, client.ForceOwnership, client.FieldOwner("config-test"))
+		if err != nil {
+			t.Errorf("dry-run apply %s %s/%s: %v", u.GetKind(), u.GetNamespace(), u.GetName(), err)
+		}
+	}
+}
+
+func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	for _, u := range objs {
+		if u.GetKind() == kind && u.GetName() == name {
+			return u
+		}
+	}
+	return nil
+}
+
+func TestConfigDefaultAppliesToAPIServer(t *testing.T) {
+	ctx := needEnv(t)
+	objs := render(t, "../../config/default")
+	kinds := map[string]int{}
+	for _, u := range objs {
+		kinds[u.GetKind()]++
+		if u.GetNamespace() != "" && u.GetNamespace() != "inferencecache-system" {
+			t.Errorf("%s %s in namespace %q", u.GetKind(), u.GetName(), u.GetNamespace())
+		}
+	}
+	want := map[string]int{
+		"CustomResourceDefinition": 6, "Namespace": 1, "ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 3,
+		"Role": 2, "RoleBinding": 2, "Deployment": 2, "Service": 2, "NetworkPolicy": 1, "ValidatingWebhookConfiguration": 1,
+	}
+	for k, n := range want {
+		if kinds[k] != n {
+			t.Errorf("%d %s objects, want %d (all: %v)", kinds[k], k, n, kinds)
+		}
+	}
+
+	// The wiring the operator's flags and the server's gates depend on.
+	vwc := find(objs, "ValidatingWebhookConfiguration", "inferencecache-validating-webhook")
+	if vwc == nil {
+		t.Fatal("no ValidatingWebhookConfiguration inferencecache-validating-webhook")
+	}
+	hooks, _, _ := unstructured.NestedSlice(vwc.Object, "webhooks")
+	if len(hooks) != 3 {
+		t.Fatalf("%d webhooks, want 3", len(hooks))
+	}
+	for _, h := range hooks {
+		svc, _, _ := unstructured.NestedStringMap(h.(map[string]any), "clientConfig", "service")
+		fp, _, _ := unstructured.NestedString(h.(map[string]any), "failurePolicy")
+		if svc["name"] != "inferencecache-webhook-service" || svc["namespace"] != "inferencecache-system" || fp != "Fail" {
+			t.Errorf("webhook %v: service %v, failurePolicy %s", h.(map[string]any)["name"], svc, fp)
+		}
+	}
+	ctl := find(objs, "Deployment", "inferencecache-controller")
+	text, _ := yaml.Marshal(ctl.Object)
+	for _, s := range []string{
+		"audience: inferencecache.io/controller", "audience: inferencecache.io/policy",
+		"mountPath: /var/run/secrets/inferencecache.io/controller-token",
+		"mountPath: /var/run/secrets/inferencecache.io/policy-token",
+		"--policy-token-path=/var/run/secrets/inferencecache.io/policy-token/token",
+		"--controller-token-path=/var/run/secrets/inferencecache.io/controller-token/token",
+		"--webhook-config-name=inferencecache-validating-webhook", "--webhook-service-name=inferencecache-webhook-service",
+		"--leader-elect", "serviceAccountName: inferencecache-controller",
+	} {
+		if !strings.Contains(string(text), s) {
+			t.Errorf("controller Deployment lacks %q", s)
+		}
+	}
+	server := find(objs, "Deployment", "inferencecache-server")
+	args, _, _ := unstructured.NestedSlice(server.Object, "spec", "template", "spec", "containers")
+	st, _ := yaml.Marshal(args)
+	if !strings.Contains(string(st), "--allowed-controller-sa=system:serviceaccount:inferencecache-system:inferencecache-controller") {
+		t.Errorf("server does not name the controller's ServiceAccount: %s", st)
+	}
+	svc := find(objs, "Service", "inferencecache-server")
+	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+	var got []string
+	for _, p := range ports {
+		got = append(got, fmt.Sprint(p.(map[string]any)["port"]))
+	}
+	if slices.Compare(got, []string{"9090", "8080", "8081"}) != 0 {
+		t.Errorf("server Service ports %v", got)
+	}
+	crb := find(objs, "ClusterRoleBinding", "inferencecache-server-auth-delegator")
+	if crb == nil || crb.Object["roleRef"].(map[string]any)["name"] != "system:auth-delegator" {
+		t.Errorf("server lacks system:auth-delegator: %v", crb)
+	}
+
+	// The namespace must exist for real: a dry-run Namespace is not stored.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "inferencecache-system"}}
+	if err := k8s.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	dryRunApply(t, ctx, objs)
+}
+
+func TestConfigSamplesApplyThroughWebhooks(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "samples", false)
+	objs := render(t, "../../config/samples")
+	kinds := map[string]bool{}
+	for _, u := range objs {
+		kinds[u.GetKind()] = true
+		if u.GetKind() != "CacheIndex" {
+			u.SetNamespace(ns)
+		}
+	}
+	for _, k := range []string{"CachePolicy", "CacheTenant", "CacheBackend", "PromptTemplate", "PDTopology", "CacheIndex"} {
+		if !kinds[k] {
+			t.Errorf("no sample of %s", k)
+		}
+	}
+	dryRunApply(t, ctx, objs)
+}

@@ -1,0 +1,274 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func policyObj(ns, name string, mut func(*v1alpha1.CachePolicySpec)) *v1alpha1.CachePolicy {
+	cp := &v1alpha1.CachePolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if mut != nil {
+		mut(&cp.Spec)
+	}
+	return cp
+}
+
+func tenantObj(ns, name, id string, quota *int64) *v1alpha1.CacheTenant {
+	t := &v1alpha1.CacheTenant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: v1alpha1.CacheTenantSpec{TenantID: id}}
+	if quota != nil {
+		t.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: quota}
+	}
+	return t
+}
+
+func backendObj(ns, name string, typ v1alpha1.CacheBackendType, endpoint string) *v1alpha1.CacheBackend {
+	return &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.CacheBackendSpec{Type: typ, Endpoint: endpoint}}
+}
+
+// wantOK fails the test when err is not nil.
+func wantOK(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: unexpected error: %v", what, err)
+	}
+}
+
+// wantDenied fails the test unless err is an admission denial (422 Invalid
+// or 403 Forbidden) whose message contains every fragment.
+func wantDenied(t *testing.T, what string, err error, fragments ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: admitted, want denied", what)
+	}
+	if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) && !apierrors.IsBadRequest(err) {
+		t.Fatalf("%s: error %v is not a denial", what, err)
+	}
+	for _, f := range fragments {
+		if !strings.Contains(err.Error(), f) {
+			t.Fatalf("%s: message %q lacks %q", what, err.Error(), f)
+		}
+	}
+}
+
+// unlegacy removes the legacy label and waits until the webhooks see the
+// namespace again.
+func unlegacy(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	var ns corev1.Namespace
+	wantOK(t, "get namespace", k8s.Get(ctx, client.ObjectKey{Name: name}, &ns))
+	delete(ns.Labels, legacyLabel)
+	wantOK(t, "unlabel namespace", k8s.Update(ctx, &ns))
+	probe := backendObj(name, "webhook-probe", v1alpha1.BackendExternal, "")
+	eventually(t, 20*time.Second, func() error {
+		err := k8s.Create(ctx, probe, client.DryRunAll)
+		if err == nil {
+			return fmt.Errorf("webhooks not active in %s yet", name)
+		}
+		return nil
+	})
+}
+
+func TestCachePolicyWebhook(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-policy", false)
+
+	wantOK(t, "first policy", k8s.Create(ctx, policyObj(ns, "main", nil)))
+	err := k8s.Create(ctx, policyObj(ns, "second", nil))
+	wantDenied(t, "second policy in a namespace", err, "metadata.name: Forbidden", `already has CachePolicy "main"`, `edit "main"`)
+
+	other := namespace(t, ctx, "wh-policy-2", false)
+	err = k8s.Create(ctx, policyObj(other, "p", func(s *v1alpha1.CachePolicySpec) { s.EvictionTTL = &metav1.Duration{} }))
+	wantDenied(t, "zero evictionTTL", err, "spec.evictionTTL", "must be a positive duration")
+	err = k8s.Create(ctx, policyObj(other, "p", func(s *v1alpha1.CachePolicySpec) { s.EvictionTTL = &metav1.Duration{Duration: -time.Minute} }))
+	wantDenied(t, "negative evictionTTL", err, "spec.evictionTTL", "-1m0s")
+	err = k8s.Create(ctx, policyObj(other, "p", func(s *v1alpha1.CachePolicySpec) {
+		s.Strategy = &v1alpha1.CachePolicyStrategy{RequireChain: ptr(true), EnableChainMatching: ptr(false)}
+	}))
+	wantDenied(t, "requireChain without chain matching (CEL)", err, "spec.strategy.requireChain", "needs enableChainMatching: true")
+	for _, bad := range []string{"abc", "-1", "01", "0.1234567", "123456789"} {
+		err = k8s.Create(ctx, policyObj(other, "p", func(s *v1alpha1.CachePolicySpec) { s.RoutingFloorScore = ptr(bad) }))
+		wantDenied(t, "routingFloorScore "+bad, err, "spec.routingFloorScore")
+	}
+	err = k8s.Create(ctx, policyObj(other, "p", func(s *v1alpha1.CachePolicySpec) { s.Eviction = "MRU" }))
+	wantDenied(t, "eviction enum", err, "spec.eviction", "Unsupported value")
+
+	// Defaults are materialized by the apiserver.
+	p := policyObj(other, "p", func(s *v1alpha1.CachePolicySpec) { s.RoutingFloorScore = ptr("12345678.5") })
+	wantOK(t, "valid policy", k8s.Create(ctx, p))
+	s := p.Spec
+	if s.Eviction != "LRU" || *s.MinimumMatchedTokens != 64 || *s.RoutingFloorScore != "12345678.5" || s.AffinityRouting != "Enabled" ||
+		s.Strategy == nil || !*s.Strategy.EnableChainMatching || *s.Strategy.RequireChain || !*s.Strategy.EnableTenantHot {
+		t.Fatalf("defaults not applied: %+v", s)
+	}
+	// UPDATE: introducing a violation is refused, editing otherwise is fine
+	// (the one-per-namespace rule does not apply to UPDATE).
+	p.Spec.EvictionTTL = &metav1.Duration{}
+	wantDenied(t, "update to zero TTL", k8s.Update(ctx, p), "spec.evictionTTL")
+	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(p), p))
+	p.Spec.MinimumPrefixTokens = ptr(int32(16))
+	wantOK(t, "ordinary update", k8s.Update(ctx, p))
+	wantOK(t, "delete", k8s.Delete(ctx, p))
+}
+
+func TestCachePolicyWebhookLegacy(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-policy-legacy", true)
+	// Admitted before the rules existed: two policies, one with a zero TTL.
+	bad := policyObj(ns, "b-zero-ttl", func(s *v1alpha1.CachePolicySpec) { s.EvictionTTL = &metav1.Duration{} })
+	wantOK(t, "legacy zero-TTL policy", k8s.Create(ctx, bad))
+	dup := policyObj(ns, "c-second", nil)
+	wantOK(t, "legacy second policy", k8s.Create(ctx, dup))
+	unlegacy(t, ctx, ns)
+
+	bad.Spec.MinimumPrefixTokens = ptr(int32(8))
+	wantOK(t, "unrelated edit of a legacy violation", k8s.Update(ctx, bad))
+	bad.Spec.EvictionTTL = &metav1.Duration{Duration: -time.Second}
+	wantOK(t, "same violation kept", k8s.Update(ctx, bad))
+	dup.Spec.Eviction = "LFU"
+	wantOK(t, "edit of a legacy duplicate", k8s.Update(ctx, dup))
+	dup.Spec.EvictionTTL = &metav1.Duration{}
+	wantDenied(t, "newly introduced zero TTL", k8s.Update(ctx, dup), "spec.evictionTTL")
+	// CREATE names the existing policy with the smallest name.
+	err := k8s.Create(ctx, policyObj(ns, "a-third", nil))
+	wantDenied(t, "third policy", err, `already has CachePolicy "b-zero-ttl"`)
+}
+
+func TestCacheTenantWebhook(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-tenant", false)
+	other := namespace(t, ctx, "wh-tenant-2", false)
+
+	err := k8s.Create(ctx, tenantObj(ns, "probe", "inferencecache.io/probe", nil))
+	wantDenied(t, "reserved tenant id", err, "spec.tenantID", "reserved for the server's functional self-test")
+	wantDenied(t, "empty tenant id", k8s.Create(ctx, tenantObj(ns, "empty", "", nil)), "spec.tenantID")
+
+	a := tenantObj(ns, "a", "acme", ptr(int64(10)))
+	wantOK(t, "tenant a", k8s.Create(ctx, a))
+	err = k8s.Create(ctx, tenantObj(ns, "b", "acme", nil))
+	wantDenied(t, "same-namespace duplicate", err, "spec.tenantID: Duplicate value", `CacheTenant "a"`)
+	wantOK(t, "same id in another namespace", k8s.Create(ctx, tenantObj(other, "a", "acme", nil)))
+
+	b := tenantObj(ns, "b", "globex", nil)
+	wantOK(t, "tenant b", k8s.Create(ctx, b))
+	b.Spec.TenantID = "acme"
+	wantDenied(t, "update onto a sibling's id", k8s.Update(ctx, b), "Duplicate value", `CacheTenant "a"`)
+	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(b), b))
+	b.Spec.TenantID = "inferencecache.io/probe"
+	wantDenied(t, "update to the reserved id", k8s.Update(ctx, b), "reserved")
+	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(b), b))
+	b.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(5))}
+	wantOK(t, "quota edit", k8s.Update(ctx, b))
+	b.Spec.Quota.MaxIndexEntries = ptr(int64(-1))
+	wantDenied(t, "negative quota (schema)", k8s.Update(ctx, b), "maxIndexEntries")
+
+	// crypto must be the empty object.
+	c := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheTenant",
+		"metadata": map[string]any{"namespace": ns, "name": "crypto"},
+		"spec":     map[string]any{"tenantID": "crypto", "crypto": map[string]any{"keyRef": "x"}},
+	}}
+	wantDenied(t, "non-empty crypto", k8s.Create(ctx, c), "spec.crypto")
+	c.Object["spec"].(map[string]any)["crypto"] = map[string]any{}
+	wantOK(t, "empty crypto", k8s.Create(ctx, c))
+}
+
+func TestCacheTenantWebhookLegacy(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-tenant-legacy", true)
+	probe := tenantObj(ns, "probe", "inferencecache.io/probe", nil)
+	wantOK(t, "legacy reserved id", k8s.Create(ctx, probe))
+	d1 := tenantObj(ns, "d1", "dup", nil)
+	d2 := tenantObj(ns, "d2", "dup", nil)
+	wantOK(t, "legacy duplicate 1", k8s.Create(ctx, d1))
+	wantOK(t, "legacy duplicate 2", k8s.Create(ctx, d2))
+	unlegacy(t, ctx, ns)
+
+	probe.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(1))}
+	wantOK(t, "unrelated edit keeps the reserved id", k8s.Update(ctx, probe))
+	d2.Spec.IsolationMode = "Fairness"
+	d2.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(3))}
+	wantOK(t, "edit of a legacy duplicate without changing tenantID", k8s.Update(ctx, d2))
+	wantDenied(t, "create with the reserved id", k8s.Create(ctx, tenantObj(ns, "probe2", "inferencecache.io/probe", nil)), "reserved")
+}
+
+func TestCacheBackendWebhook(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-backend", false)
+	denied := map[string][]string{
+		"":                         {"spec.endpoint: Required value", "type External needs"},
+		"lmcache":                  {"spec.endpoint: Invalid value", "with a port"},
+		"lmcache:0":                {"from 1 to 65535"},
+		"::1:8200":                 {"IPv6 address must be in brackets"},
+		"http://lmcache:8200":      {`scheme "http://" is not supported`},
+		"lm://lmcache:8200/x":      {"path, query or fragment"},
+		"[lmcache]:8200":           {"only for IPv6"},
+		"lm://lmcache.svc:99999":   {"from 1 to 65535"},
+		"lm://:8200":               {"host is empty"},
+		"lmcache.cache.svc:8200?a": {"path, query or fragment"},
+	}
+	i := 0
+	for ep, frags := range denied {
+		i++
+		err := k8s.Create(ctx, backendObj(ns, fmt.Sprintf("bad-%d", i), v1alpha1.BackendExternal, ep))
+		wantDenied(t, "External endpoint "+ep, err, frags...)
+	}
+	for i, ep := range []string{"lmcache.cache.svc:8200", "lm://lmcache.cache.svc:8200", "[::1]:8200", "lm://[fd00::7]:1", "10.0.0.7:65535"} {
+		wantOK(t, "External endpoint "+ep, k8s.Create(ctx, backendObj(ns, fmt.Sprintf("good-%d", i), v1alpha1.BackendExternal, ep)))
+	}
+	err := k8s.Create(ctx, backendObj(ns, "managed", v1alpha1.BackendLMCache, "lmcache:8200"))
+	wantDenied(t, "endpoint on a managed type", err, "spec.endpoint: Forbidden", "only be set when type is External")
+	err = k8s.Create(ctx, backendObj(ns, "defaulted", "", "lmcache:8200"))
+	wantDenied(t, "endpoint on the default type", err, "type LMCache backends")
+	m := backendObj(ns, "managed", "", "")
+	wantOK(t, "managed backend", k8s.Create(ctx, m))
+	if m.Spec.Type != v1alpha1.BackendLMCache || *m.Spec.Replicas != 1 || m.Spec.Resources.Requests.Memory().String() != "4Gi" {
+		t.Fatalf("defaults not applied: %+v", m.Spec)
+	}
+	m.Spec.Endpoint = "lmcache:8200"
+	wantDenied(t, "update adding an endpoint to a managed backend", k8s.Update(ctx, m), "Forbidden")
+}
+
+func TestCacheBackendWebhookLegacy(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-backend-legacy", true)
+	b := backendObj(ns, "ext", v1alpha1.BackendExternal, "")
+	wantOK(t, "legacy External without endpoint", k8s.Create(ctx, b))
+	unlegacy(t, ctx, ns)
+	b.Spec.Replicas = ptr(int32(2))
+	wantOK(t, "unrelated edit", k8s.Update(ctx, b))
+	b.Spec.Endpoint = "no-port"
+	wantDenied(t, "newly invalid endpoint", k8s.Update(ctx, b), "with a port")
+}
+
+func TestCacheIndexAndOthersSchema(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-schema", false)
+	ci := &v1alpha1.CacheIndex{ObjectMeta: metav1.ObjectMeta{Name: "schema-probe"}}
+	wantOK(t, "CacheIndex with no spec", k8s.Create(ctx, ci, client.DryRunAll))
+	pt := &v1alpha1.PromptTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pt"},
+		Spec: v1alpha1.PromptTemplateSpec{Body: "x", Slots: []v1alpha1.PromptTemplateSlot{{Name: "a", Type: "Sometimes"}}}}
+	wantDenied(t, "slot type enum", k8s.Create(ctx, pt), "spec.slots[0].type")
+	pt.Spec.Slots[0].Type = v1alpha1.SlotStable
+	pt.Spec.Body = ""
+	wantDenied(t, "empty body", k8s.Create(ctx, pt), "spec.body")
+	pd := &v1alpha1.PDTopology{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pd"},
+		Spec: v1alpha1.PDTopologySpec{PrefillPools: []v1alpha1.PDPool{{Name: "p", Replicas: ptr(int32(-1))}}}}
+	wantDenied(t, "negative pool replicas", k8s.Create(ctx, pd), "replicas")
+	hc := backendObj(ns, "hc", v1alpha1.BackendSGLangHiCache, "")
+	hc.Spec.HiCache = &v1alpha1.HiCacheSpec{SizeGB: ptr(int32(4)), Ratio: "2"}
+	wantDenied(t, "hiCache sizeGB and ratio", k8s.Create(ctx, hc), "set exactly one of sizeGB and ratio")
+}
