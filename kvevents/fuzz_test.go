@@ -28,7 +28,7 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 			arr(1).i(-42).null().ints(seqTokens(16, 3)...).u(16).u(1).null().bytes(),
 		"unknown_event": newMP(t).arr(2).f(0).arr(2).arr(2).str("Nope").arr(1).arr(0).
 			mapn(2).str("type").u(7).str("x").mapn(1).str("y").null().bytes(),
-		"truncated": benchPayload(t, 1, 1, false)[:20],
+		"truncated":   benchPayload(t, 1, 1, false)[:20],
 		"not_a_batch": []byte{0xc1, 0x00},
 	}
 	return seeds
