@@ -173,7 +173,7 @@ func TestDecodeMapBatch(t *testing.T) {
 	m := newMP(t).mapn(4).
 		str("data_parallel_rank").u(2).
 		str("events").arr(1).arr(2).str("BlockRemoved").ints(1).
-		str("something_new").arr(2).u(1).null().
+		str("something_new").arr(3).u(1).null().boolean(true).
 		str("ts").f(99.5)
 	b := decodeOK(t, m.bytes())
 	if b.TS != 99.5 || b.DPRank != 2 || len(b.Events) != 1 || b.Events[0].Kind != KindBlockRemoved {
