@@ -111,7 +111,9 @@ func (r *PolicyPropagator) writeStatuses(ctx context.Context, items []v1alpha1.C
 		}
 		before := cp.DeepCopy()
 		cp.Status = want
-		if err := r.Status.Status().Patch(ctx, cp, client.MergeFrom(before)); err != nil {
+		// A full update with the read resourceVersion: a conflict (the object
+		// changed meanwhile) fails this pass, and the retry reads it again.
+		if err := r.Status.Status().Update(ctx, cp); err != nil {
 			if firstErr == nil {
 				firstErr = err
 			}

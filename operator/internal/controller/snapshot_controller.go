@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -60,33 +61,33 @@ func (r *SnapshotPoller) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	// A failure on the CacheIndex does not hold back the CacheTenants.
 	idxErr := r.writeIndex(ctx, ProjectIndex(&snap, r.Server.BaseURL))
-	if idxErr != nil && !kindMissing(idxErr) {
-		return reconcile.Result{}, idxErr
+	if kindMissing(idxErr) {
+		idxErr = nil
 	}
 
 	var tens v1alpha1.CacheTenantList
 	if err := r.Tenants.List(ctx, &tens); err != nil {
 		if kindMissing(err) {
-			return reconcile.Result{RequeueAfter: r.Interval}, nil
+			return reconcile.Result{RequeueAfter: r.Interval}, idxErr
 		}
-		return reconcile.Result{}, err
+		return reconcile.Result{}, errors.Join(idxErr, err)
 	}
 	entries := make(map[string]int64, len(snap.Tenants))
 	for _, t := range snap.Tenants {
 		entries[t.TenantID] = t.IndexEntries
 	}
 	res := ResolveTenants(tens.Items)
-	var firstErr error
+	firstErr := idxErr
 	for i := range tens.Items {
 		t := &tens.Items[i]
 		want := TenantStatus(t, t.Status, res, entries[t.Spec.TenantID])
 		if equality.Semantic.DeepEqual(want, t.Status) {
 			continue
 		}
-		before := t.DeepCopy()
 		t.Status = want
-		if err := r.Writer.Status().Patch(ctx, t, client.MergeFrom(before)); err != nil && firstErr == nil {
+		if err := r.Writer.Status().Update(ctx, t); err != nil && firstErr == nil {
 			firstErr = err
 		}
 	}
@@ -119,9 +120,8 @@ func (r *SnapshotPoller) writeIndex(ctx context.Context, want v1alpha1.CacheInde
 	}
 	now := metav1.NewTime(r.now().UTC().Truncate(time.Second))
 	want.LastUpdated = &now
-	before := ci.DeepCopy()
 	ci.Status = want
-	return r.Writer.Status().Patch(ctx, &ci, client.MergeFrom(before))
+	return r.Writer.Status().Update(ctx, &ci)
 }
 
 func (r *SnapshotPoller) now() time.Time {

@@ -90,12 +90,12 @@ func TestPropagationCreateUpdateDelete(t *testing.T) {
 		t.Fatalf("accepted condition %+v", c)
 	}
 
-	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(cp), cp))
-	cp.Spec.Eviction = "LRU"
-	cp.Spec.RoutingFloorScore = ptr("0")
-	cp.Spec.MinimumMatchedTokens = ptr(int32(0))
-	cp.Spec.AffinityRouting = "Enabled"
-	wantOK(t, "update", k8s.Update(ctx, cp))
+	wantOK(t, "update", update(ctx, cp, func(cp *v1alpha1.CachePolicy) {
+		cp.Spec.Eviction = "LRU"
+		cp.Spec.RoutingFloorScore = ptr("0")
+		cp.Spec.MinimumMatchedTokens = ptr(int32(0))
+		cp.Spec.AffinityRouting = "Enabled"
+	}))
 	waitTenant(t, ns, "updated", func(g *policy.Tenant) bool {
 		return g.HasPolicy && g.Eviction == policy.LRU && g.RoutingFloorScore == 0 && g.MinimumMatchedTokens == 0 && g.AffinityRouting
 	})
@@ -176,9 +176,7 @@ func TestPropagationTenants(t *testing.T) {
 		t.Fatalf("shadowed duplicate took effect: %+v", *g)
 	}
 
-	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(t1), t1))
-	t1.Spec.Quota.MaxIndexEntries = ptr(int64(0))
-	wantOK(t, "update quota to 0", k8s.Update(ctx, t1))
+	wantOK(t, "update quota to 0", update(ctx, t1, func(t *v1alpha1.CacheTenant) { t.Spec.Quota.MaxIndexEntries = ptr(int64(0)) }))
 	waitTenant(t, "prop-acme", "zero quota", func(g *policy.Tenant) bool { return g.HasQuota && g.MaxIndexEntries == 0 })
 
 	// Removing the owner hands the id to the duplicate.

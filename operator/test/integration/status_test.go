@@ -161,9 +161,7 @@ func TestCacheTenantStatus(t *testing.T) {
 	check(free, want{7, metav1.ConditionTrue, v1alpha1.ReasonObserved, v1alpha1.ReasonNoQuota, metav1.ConditionFalse, "7 index entries"})
 
 	// The owner raises its budget: within budget now.
-	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(owner), owner))
-	owner.Spec.Quota.MaxIndexEntries = ptr(int64(20))
-	wantOK(t, "raise budget", k8s.Update(ctx, owner))
+	wantOK(t, "raise budget", update(ctx, owner, func(t *v1alpha1.CacheTenant) { t.Spec.Quota.MaxIndexEntries = ptr(int64(20)) }))
 	check(owner, want{12, metav1.ConditionTrue, v1alpha1.ReasonObserved, v1alpha1.ReasonWithinBudget, metav1.ConditionFalse, "12 index entries"})
 
 	// The owner goes away: the former shadow owns the id.

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
@@ -37,6 +38,18 @@ func tenantObj(ns, name, id string, quota *int64) *v1alpha1.CacheTenant {
 func backendObj(ns, name string, typ v1alpha1.CacheBackendType, endpoint string) *v1alpha1.CacheBackend {
 	return &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.CacheBackendSpec{Type: typ, Endpoint: endpoint}}
+}
+
+// update re-reads obj, applies mut and updates it, retrying on conflicts
+// (the controllers write status concurrently).
+func update[T client.Object](ctx context.Context, obj T, mut func(T)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		mut(obj)
+		return k8s.Update(ctx, obj)
+	})
 }
 
 // wantOK fails the test when err is not nil.
@@ -116,11 +129,8 @@ func TestCachePolicyWebhook(t *testing.T) {
 	}
 	// UPDATE: introducing a violation is refused, editing otherwise is fine
 	// (the one-per-namespace rule does not apply to UPDATE).
-	p.Spec.EvictionTTL = &metav1.Duration{}
-	wantDenied(t, "update to zero TTL", k8s.Update(ctx, p), "spec.evictionTTL")
-	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(p), p))
-	p.Spec.MinimumPrefixTokens = ptr(int32(16))
-	wantOK(t, "ordinary update", k8s.Update(ctx, p))
+	wantDenied(t, "update to zero TTL", update(ctx, p, func(p *v1alpha1.CachePolicy) { p.Spec.EvictionTTL = &metav1.Duration{} }), "spec.evictionTTL")
+	wantOK(t, "ordinary update", update(ctx, p, func(p *v1alpha1.CachePolicy) { p.Spec.MinimumPrefixTokens = ptr(int32(16)) }))
 	wantOK(t, "delete", k8s.Delete(ctx, p))
 }
 
@@ -134,14 +144,10 @@ func TestCachePolicyWebhookLegacy(t *testing.T) {
 	wantOK(t, "legacy second policy", k8s.Create(ctx, dup))
 	unlegacy(t, ctx, ns)
 
-	bad.Spec.MinimumPrefixTokens = ptr(int32(8))
-	wantOK(t, "unrelated edit of a legacy violation", k8s.Update(ctx, bad))
-	bad.Spec.EvictionTTL = &metav1.Duration{Duration: -time.Second}
-	wantOK(t, "same violation kept", k8s.Update(ctx, bad))
-	dup.Spec.Eviction = "LFU"
-	wantOK(t, "edit of a legacy duplicate", k8s.Update(ctx, dup))
-	dup.Spec.EvictionTTL = &metav1.Duration{}
-	wantDenied(t, "newly introduced zero TTL", k8s.Update(ctx, dup), "spec.evictionTTL")
+	wantOK(t, "unrelated edit of a legacy violation", update(ctx, bad, func(p *v1alpha1.CachePolicy) { p.Spec.MinimumPrefixTokens = ptr(int32(8)) }))
+	wantOK(t, "same violation kept", update(ctx, bad, func(p *v1alpha1.CachePolicy) { p.Spec.EvictionTTL = &metav1.Duration{Duration: -time.Second} }))
+	wantOK(t, "edit of a legacy duplicate", update(ctx, dup, func(p *v1alpha1.CachePolicy) { p.Spec.Eviction = "LFU" }))
+	wantDenied(t, "newly introduced zero TTL", update(ctx, dup, func(p *v1alpha1.CachePolicy) { p.Spec.EvictionTTL = &metav1.Duration{} }), "spec.evictionTTL")
 	// CREATE names the existing policy with the smallest name.
 	err := k8s.Create(ctx, policyObj(ns, "a-third", nil))
 	wantDenied(t, "third policy", err, `already has CachePolicy "b-zero-ttl"`)
@@ -164,16 +170,14 @@ func TestCacheTenantWebhook(t *testing.T) {
 
 	b := tenantObj(ns, "b", "globex", nil)
 	wantOK(t, "tenant b", k8s.Create(ctx, b))
-	b.Spec.TenantID = "acme"
-	wantDenied(t, "update onto a sibling's id", k8s.Update(ctx, b), "Duplicate value", `CacheTenant "a"`)
-	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(b), b))
-	b.Spec.TenantID = "inferencecache.io/probe"
-	wantDenied(t, "update to the reserved id", k8s.Update(ctx, b), "reserved")
-	wantOK(t, "get", k8s.Get(ctx, client.ObjectKeyFromObject(b), b))
-	b.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(5))}
-	wantOK(t, "quota edit", k8s.Update(ctx, b))
-	b.Spec.Quota.MaxIndexEntries = ptr(int64(-1))
-	wantDenied(t, "negative quota (schema)", k8s.Update(ctx, b), "maxIndexEntries")
+	wantDenied(t, "update onto a sibling's id", update(ctx, b, func(b *v1alpha1.CacheTenant) { b.Spec.TenantID = "acme" }),
+		"Duplicate value", `CacheTenant "a"`)
+	wantDenied(t, "update to the reserved id", update(ctx, b, func(b *v1alpha1.CacheTenant) { b.Spec.TenantID = "inferencecache.io/probe" }), "reserved")
+	wantOK(t, "quota edit", update(ctx, b, func(b *v1alpha1.CacheTenant) {
+		b.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(5))}
+	}))
+	wantDenied(t, "negative quota (schema)", update(ctx, b, func(b *v1alpha1.CacheTenant) { b.Spec.Quota.MaxIndexEntries = ptr(int64(-1)) }),
+		"maxIndexEntries")
 
 	// crypto must be the empty object.
 	c := &unstructured.Unstructured{Object: map[string]any{
@@ -197,11 +201,12 @@ func TestCacheTenantWebhookLegacy(t *testing.T) {
 	wantOK(t, "legacy duplicate 2", k8s.Create(ctx, d2))
 	unlegacy(t, ctx, ns)
 
-	probe.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(1))}
-	wantOK(t, "unrelated edit keeps the reserved id", k8s.Update(ctx, probe))
-	d2.Spec.IsolationMode = "Fairness"
-	d2.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(3))}
-	wantOK(t, "edit of a legacy duplicate without changing tenantID", k8s.Update(ctx, d2))
+	wantOK(t, "unrelated edit keeps the reserved id", update(ctx, probe, func(t *v1alpha1.CacheTenant) {
+		t.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(1))}
+	}))
+	wantOK(t, "edit of a legacy duplicate without changing tenantID", update(ctx, d2, func(t *v1alpha1.CacheTenant) {
+		t.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: ptr(int64(3))}
+	}))
 	wantDenied(t, "create with the reserved id", k8s.Create(ctx, tenantObj(ns, "probe2", "inferencecache.io/probe", nil)), "reserved")
 }
 
@@ -238,8 +243,8 @@ func TestCacheBackendWebhook(t *testing.T) {
 	if m.Spec.Type != v1alpha1.BackendLMCache || *m.Spec.Replicas != 1 || m.Spec.Resources.Requests.Memory().String() != "4Gi" {
 		t.Fatalf("defaults not applied: %+v", m.Spec)
 	}
-	m.Spec.Endpoint = "lmcache:8200"
-	wantDenied(t, "update adding an endpoint to a managed backend", k8s.Update(ctx, m), "Forbidden")
+	wantDenied(t, "update adding an endpoint to a managed backend",
+		update(ctx, m, func(m *v1alpha1.CacheBackend) { m.Spec.Endpoint = "lmcache:8200" }), "Forbidden")
 }
 
 func TestCacheBackendWebhookLegacy(t *testing.T) {
@@ -248,10 +253,8 @@ func TestCacheBackendWebhookLegacy(t *testing.T) {
 	b := backendObj(ns, "ext", v1alpha1.BackendExternal, "")
 	wantOK(t, "legacy External without endpoint", k8s.Create(ctx, b))
 	unlegacy(t, ctx, ns)
-	b.Spec.Replicas = ptr(int32(2))
-	wantOK(t, "unrelated edit", k8s.Update(ctx, b))
-	b.Spec.Endpoint = "no-port"
-	wantDenied(t, "newly invalid endpoint", k8s.Update(ctx, b), "with a port")
+	wantOK(t, "unrelated edit", update(ctx, b, func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(2)) }))
+	wantDenied(t, "newly invalid endpoint", update(ctx, b, func(b *v1alpha1.CacheBackend) { b.Spec.Endpoint = "no-port" }), "with a port")
 }
 
 func TestCacheIndexAndOthersSchema(t *testing.T) {
