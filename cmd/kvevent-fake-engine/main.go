@@ -21,13 +21,13 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "kvevent-fake-engine:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+func run(args []string) error {
 	var (
 		pcfg                         fakeengine.Config
 		layout, workload, trace, ids string
@@ -62,7 +62,7 @@ func run() error {
 	capacity := fs.Int("capacity-blocks", 0, "simulated cache size in blocks (default 4096 synthetic, 8192 mooncake)")
 	fs.DurationVar(&duration, "duration", 0, "stop after this long (0: when the workload ends or on SIGTERM)")
 	fs.DurationVar(&waitSub, "wait-subscriber", 10*time.Second, "wait this long for a subscriber before publishing (0: don't wait)")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}

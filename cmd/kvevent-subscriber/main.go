@@ -24,13 +24,13 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "kvevent-subscriber:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+func run(args []string) error {
 	var (
 		cfg        kvevents.Config
 		loras      string
@@ -60,7 +60,7 @@ func run() error {
 	fs.StringVar(&tlsFiles.ServerName, "tls-server-name", "", "server name to verify (default: from the address)")
 	fs.StringVar(&metricsAdr, "metrics-bind-address", ":9091", "address of the subscriber's own /metrics (empty: off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}

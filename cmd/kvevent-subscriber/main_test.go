@@ -1,0 +1,28 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestRunRejectsBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--model-id", "m"}, "--replica-id and --model-id are required"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--hash-scheme", ""}, "--hash-scheme"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--lora-adapter-names", "1"}, "LoRA"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--log-level", "loud"}, "--log-level"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--tls-cert-file", "c.pem"}, "cert and a key"},
+		{[]string{"--no-such-flag"}, "not defined"},
+	} {
+		err := run(tc.args)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%q) = %v, want an error containing %q", tc.args, err, tc.want)
+		}
+	}
+	if err := run([]string{"-h"}); err != nil {
+		t.Errorf("-h: %v", err)
+	}
+}
