@@ -366,9 +366,10 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	}
 }
 
-// Flush seals the pending adds and waits until everything queued before
-// the call was delivered (or dropped by an overflow), or ctx is done. Run
-// must be running for Flush to make progress.
+// Flush seals the pending adds and waits until nothing is queued (all of
+// it delivered, or dropped by an overflow) and no resync is outstanding,
+// or ctx is done. Work queued meanwhile is waited for too, so callers stop
+// producing first (shutdown) or bound ctx. Run must be running.
 func (f *Forwarder) Flush(ctx context.Context) error {
 	for {
 		f.mu.Lock()
@@ -380,8 +381,7 @@ func (f *Forwarder) Flush(ctx context.Context) error {
 		idle := f.idle
 		f.mu.Unlock()
 		f.kick()
-		// Wake up at least every Window to re-check: resync progress does
-		// not signal idle.
+		// Re-check at least every Window in case a wake-up was missed.
 		t := time.NewTimer(f.cfg.Window)
 		select {
 		case <-ctx.Done():

@@ -38,7 +38,8 @@ type Config struct {
 	// ReplayEndpoint is the engine's replay ROUTER; "" means gaps cannot be
 	// repaired (every gap resets the replica).
 	ReplayEndpoint string
-	// Topic is the subscription prefix.
+	// Topic is the subscription prefix; "" receives every topic (vLLM's
+	// own default topic is ""; the reference stack uses "kv-events").
 	Topic string
 
 	// MetricsURL is the engine's Prometheus /metrics; "" disables stats.
