@@ -1,0 +1,88 @@
+package arena
+
+import (
+	"testing"
+	"unsafe"
+)
+
+func TestAllocFreeReuse(t *testing.T) {
+	var a Arena
+	x, err := a.Alloc(8)
+	if err != nil || x < FirstOffset {
+		t.Fatalf("Alloc = %d, %v", x, err)
+	}
+	y, _ := a.Alloc(8)
+	if y != x+8 {
+		t.Fatalf("bump: got %d want %d", y, x+8)
+	}
+	a.Word(x).Store(42)
+	a.Free(x, 8)
+	z, _ := a.Alloc(8)
+	if z != x {
+		t.Fatalf("freed block not reused: got %d want %d", z, x)
+	}
+	if a.Word(z).Load() != 42 {
+		t.Fatal("reused block's first word changed (the free link must live in the last word)")
+	}
+	w, _ := a.Alloc(5)
+	if w == x {
+		t.Fatal("a block of another size reused an 8-word block")
+	}
+	st := a.Stats()
+	if st.SlabBytes != SlabBytes || st.LiveBytes != (8+8+5)*4 || st.FreeBytes != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestSlabBoundary(t *testing.T) {
+	var a Arena
+	// Fill the first slab so the next block cannot fit and must start slab 1.
+	big := uint32(SlabWords - FirstOffset - 10)
+	if _, err := a.Alloc(big); err != nil {
+		t.Fatal(err)
+	}
+	off, err := a.Alloc(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off>>SlabShift != 1 || off&slabMask != 0 {
+		t.Fatalf("block crossing a slab boundary placed at %d", off)
+	}
+	a.Word(off + 15).Store(7)
+	if a.Word(off+15).Load() != 7 {
+		t.Fatal("word round trip")
+	}
+	st := a.Stats()
+	if st.WasteBytes != (FirstOffset+10)*4 || st.SlabBytes != 2*SlabBytes {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := a.Alloc(0); err == nil {
+		t.Fatal("Alloc(0) succeeded")
+	}
+	if _, err := a.Alloc(MaxBlockWords + 1); err == nil {
+		t.Fatal("oversized Alloc succeeded")
+	}
+}
+
+// TestNoPointers pins that a slab holds no Go pointers, so the collector
+// never scans arena memory.
+func TestNoPointers(t *testing.T) {
+	var s slab
+	if unsafe.Sizeof(s) != SlabBytes {
+		t.Fatalf("slab is %d bytes, want %d", unsafe.Sizeof(s), SlabBytes)
+	}
+	// atomic.Uint32 is a struct of a noCopy and a uint32: no pointers. A
+	// change there would show up as a size change.
+	if unsafe.Sizeof(s[0]) != 4 {
+		t.Fatalf("word is %d bytes", unsafe.Sizeof(s[0]))
+	}
+}
+
+func BenchmarkAllocFree(b *testing.B) {
+	var a Arena
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		off, _ := a.Alloc(8)
+		a.Free(off, 8)
+	}
+}

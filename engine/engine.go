@@ -1,0 +1,298 @@
+// Package engine is the in-memory cache index: which engine replica holds
+// which KV-block key per (tenant, model, hash scheme, adapter), and the
+// ranker that answers LookupRoute from it (contract §1.2, §1.3, §2.2 step 8,
+// §3, §6).
+//
+// Shape. Keys live in an offset-addressed arena (package arena) as fixed
+// nodes with a holder block each, found through one open-addressing hash
+// table per scope and, along a chain, through successor hints, so a chain
+// walk mostly follows adjacent memory. Nothing in the arena is a Go
+// pointer, so the collector never scans the index however large it grows.
+// Scopes, replica ids, stats and serving sets hang off small Go structures
+// read through lock-free maps (xsync) and atomic pointers to immutable
+// slices that writers replace (copy-on-write).
+//
+// Concurrency. Readers (LookupRoute, AffinityHint, Snapshot, the stats
+// views) take no lock and allocate nothing on the lookup path; they read
+// nodes under a per-node sequence lock (see node.go). All writers (Ingest,
+// ApplyEvent, Sweep, Credit is a reader) serialize on Engine.mu: ingest is a
+// single-writer pipeline, which keeps eviction exact and cheap. The decision
+// core takes `now` from the caller, so it is deterministic in tests.
+package engine
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+
+	"github.com/puzpuzpuz/xsync/v3"
+
+	"github.com/inferencecache/inferencecache/arena"
+	"github.com/inferencecache/inferencecache/policy"
+)
+
+// Config configures an Engine. The zero Config is an unbounded index with
+// default policy and ranking.
+type Config struct {
+	// MaxEntries caps replica×key storage entries (reserved tenant
+	// excluded); 0 means unbounded. The server's default is DefaultMaxEntries.
+	MaxEntries int64
+	// MaxBytes caps the index's accounted memory (see MemoryStats.IndexBytes);
+	// 0 means no byte budget. Over budget, entries are evicted exactly as at
+	// the entry cap.
+	MaxBytes int64
+	// Policies supplies per-tenant TTL, eviction algorithm and quota; nil
+	// means every tenant has the defaults.
+	Policies Policies
+	// Metrics receives eviction and entry counts; nil discards them.
+	Metrics Metrics
+	// Ranker overrides the score knobs; the zero value means DefaultRanker.
+	Ranker *RankerConfig
+}
+
+// domainKey names a (tenant, model) pair.
+type domainKey struct{ tenant, model string }
+
+// Engine is the cache index. Create it with New; it is safe for concurrent
+// use by any number of goroutines.
+type Engine struct {
+	cfg      Config
+	ranker   RankerConfig
+	policies Policies
+	metrics  Metrics
+	// seed salts table hashes per process.
+	seed uint64
+
+	// arena holds nodes, holder blocks and long hash bytes. Allocation and
+	// freeing happen under mu; reads are lock-free (see node.go).
+	arena arena.Arena
+
+	// domains maps (tenant, model) to its state. Entries are added under mu
+	// and never removed, so a reader's *domain stays valid; xsync makes the
+	// read lock-free.
+	domains *xsync.MapOf[domainKey, *domain]
+	// tenants maps a tenant id to its counters; same lifecycle as domains.
+	tenants *xsync.MapOf[string, *tenantState]
+
+	// totalKeys counts distinct keys outside the reserved tenant; written
+	// under mu, read by lookups for the cold-start check.
+	totalKeys atomic.Int64
+	// totalEntries and reservedEntries count storage entries (replica×key)
+	// outside and inside the reserved tenant; written under mu.
+	totalEntries, reservedEntries atomic.Int64
+
+	// mu serializes every writer. It guards everything below and all arena
+	// writes, table writes, scope/replica registration and the queues.
+	mu sync.Mutex
+	// scopes is indexed by scope id (node word 7).
+	scopes []*scope
+	// capq orders storage entries for cap and byte-budget eviction.
+	capq capQueue
+	// quotas holds the per-tenant quota queues of tenants with a quota.
+	quotas map[string]*quotaQueue
+	// snap is the policy snapshot the writer last adopted (syncPolicyLocked).
+	snap *policy.Snapshot
+	// modelKeys counts distinct keys per model (reserved tenant excluded);
+	// dirtyModels lists models whose count changed during the current write.
+	modelKeys   map[string]int64
+	dirtyModels []string
+	// pending tallies evictions of the current write, reported after unlock.
+	pending pendingMetrics
+	// tableBytes is the memory of all scope tables.
+	tableBytes int64
+	// overhead caches overheadBytesLocked for the byte budget check.
+	overhead      int64
+	overheadCalls int
+	// hashScratch is the writer's scratch for comparing keys.
+	sortScratch []sortRec
+}
+
+// domain is one (tenant, model).
+type domain struct {
+	tenant, model string
+	reserved      bool
+	ts            *tenantState
+	// keys counts the domain's distinct keys; written under mu.
+	keys atomic.Int64
+	// replicas is indexed by replica id; replaced copy-on-write under mu.
+	// A nil slot is a free id.
+	replicas atomic.Pointer[[]*replica]
+	// schemes lists the domain's hash schemes; copy-on-write under mu.
+	schemes atomic.Pointer[[]*scheme]
+
+	// Writer state (mu).
+	byName  map[string]uint16
+	freeIDs []freeID
+}
+
+type freeID struct {
+	id    uint16
+	after int64 // reusable once the writer's clock passes this (µs)
+}
+
+// replicaQuarantineUs is how long a freed replica id waits before reuse, so
+// a reader that read the id from a node just before its last entry went away
+// still maps it to the right name.
+const replicaQuarantineUs = 60_000_000
+
+// replica is one replica id within a domain.
+type replica struct {
+	id   uint16
+	name string
+	// stats is the last reported stats payload, nil when none (or dropped).
+	stats atomic.Pointer[statsRecord]
+	// liveness is the stats lastSeen (µs): refreshed by stats reports and by
+	// REPLICA_UPDATED events.
+	liveness atomic.Int64
+	// keys counts the keys this replica holds in the domain; newest is the
+	// newest lastSeen among them (reset when keys drops to 0). Written under mu.
+	keys   atomic.Int64
+	newest atomic.Int64
+	// schemeKeys counts keys per scheme index of the domain (writer only).
+	schemeKeys []int32
+}
+
+// statsRecord is an immutable stats payload.
+type statsRecord struct {
+	ReplicaStats
+	// reported is when the values were reported (µs).
+	reported int64
+}
+
+// scheme is one hash scheme within a domain: the serving set of
+// servingByScope and the scopes (one per adapter).
+type scheme struct {
+	name  string
+	index int
+	// scopes lists one scope per adapter; copy-on-write under mu.
+	scopes atomic.Pointer[[]*scope]
+	// serving is the immutable set of replicas holding at least one key in
+	// this (tenant, model, scheme); replaced under mu when membership changes.
+	serving atomic.Pointer[servingSet]
+}
+
+// servingSet lists serving replica ids ascending, and their names sorted
+// ascending (the affinity ring).
+type servingSet struct {
+	ids   []uint16
+	names []string
+}
+
+func (s *servingSet) has(id uint16) bool {
+	lo, hi := 0, len(s.ids)
+	for lo < hi {
+		m := (lo + hi) / 2
+		switch {
+		case s.ids[m] == id:
+			return true
+		case s.ids[m] < id:
+			lo = m + 1
+		default:
+			hi = m
+		}
+	}
+	return false
+}
+
+// scope is one (tenant, model, scheme, adapter): the unit a lookup matches in.
+type scope struct {
+	id      uint32
+	d       *domain
+	sch     *scheme
+	adapter string
+	// table maps keys to nodes; replaced (grown, cleaned) under mu.
+	table atomic.Pointer[table]
+}
+
+// tenantState holds per-tenant counters.
+type tenantState struct {
+	id       string
+	reserved bool
+	// keys counts the tenant's distinct keys; written under mu.
+	keys atomic.Int64
+	// models lists the tenant's domains (writer only).
+	models []*domain
+	// lfu is true while the tenant's policy evicts by LFU (writer only).
+	lfu bool
+}
+
+// New returns an empty index.
+func New(cfg Config) *Engine {
+	e := &Engine{
+		cfg:        cfg,
+		ranker:     DefaultRanker(),
+		policies:   cfg.Policies,
+		metrics:    cfg.Metrics,
+		domains:    xsync.NewMapOf[domainKey, *domain](),
+		tenants:    xsync.NewMapOf[string, *tenantState](),
+		quotas:    map[string]*quotaQueue{},
+		modelKeys: map[string]int64{},
+	}
+	if cfg.Ranker != nil {
+		e.ranker = *cfg.Ranker
+	}
+	if e.policies == nil {
+		e.policies = StaticPolicies(policy.Empty())
+	}
+	if e.metrics == nil {
+		e.metrics = nopMetrics{}
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	e.seed = binary.LittleEndian.Uint64(b[:])
+	e.capq.init()
+	// Scope id 0 is never used, so a zero word never names a scope.
+	e.scopes = append(e.scopes, nil)
+	return e
+}
+
+// Ranker returns the score knobs in use.
+func (e *Engine) Ranker() RankerConfig { return e.ranker }
+
+// Policies returns the policy source the engine reads.
+func (e *Engine) Policies() Policies { return e.policies }
+
+// Counts reports the storage entries (replica×key) and distinct keys outside
+// the reserved tenant.
+func (e *Engine) Counts() (entries, keys int64) {
+	return e.totalEntries.Load(), e.totalKeys.Load()
+}
+
+// lookupDomain returns the (tenant, model) domain or nil.
+func (e *Engine) lookupDomain(tenant, model string) *domain {
+	d, _ := e.domains.Load(domainKey{tenant, model})
+	return d
+}
+
+// findScheme returns the domain's scheme named name, or nil.
+func (d *domain) findScheme(name string) *scheme {
+	if p := d.schemes.Load(); p != nil {
+		for _, s := range *p {
+			if s.name == name {
+				return s
+			}
+		}
+	}
+	return nil
+}
+
+// findScope returns the scheme's scope for adapter, or nil.
+func (s *scheme) findScope(adapter string) *scope {
+	if p := s.scopes.Load(); p != nil {
+		for _, sc := range *p {
+			if sc.adapter == adapter {
+				return sc
+			}
+		}
+	}
+	return nil
+}
+
+// replicaSlots returns the domain's replica table (never nil).
+func (d *domain) replicaSlots() []*replica {
+	if p := d.replicas.Load(); p != nil {
+		return *p
+	}
+	return nil
+}

@@ -1,0 +1,398 @@
+package engine
+
+import (
+	"bytes"
+	"cmp"
+	"slices"
+
+	"github.com/inferencecache/inferencecache/policy"
+)
+
+// Cap eviction order (contract §6): the entry with the lowest effective
+// access count (its LFU count in an LFU tenant, 0 in an LRU tenant) goes
+// first, then the oldest lastSeen, then the smallest key (tenant, model,
+// scheme, adapter, hash bytes), then the smallest replica id string.
+//
+// The seed system sorted the whole index under its lock to find victims.
+// Here every storage entry is filed, when it is written, in a bucket keyed
+// by (effective count, lastSeen); a binary heap orders the distinct bucket
+// keys. Filing is O(1) (an append) plus O(log B) when a write creates a new
+// bucket, B being the number of distinct (count, lastSeen) pairs, which one
+// update's entries share. Victims come from the minimum bucket, which is
+// sorted by (key, replica) once when it reaches the top.
+//
+// Two things can make a filed record stale, and both are resolved lazily
+// when the record reaches the top: the entry was rewritten, removed or its
+// node reused (the record no longer validates and is dropped), or lookups
+// credited it (LFU counts only grow, so its filed count is a lower bound:
+// it is refiled under its real count). Because every bucket key is a lower
+// bound of its records' true keys, the first record that validates at its
+// filed key in the minimum bucket is the exact global minimum. The one
+// change that lowers a true key, a tenant switching from LFU to LRU, refiles
+// the whole queue (syncPolicyLocked). Dropped records are garbage that
+// compaction removes once it outnumbers live entries, so the queue stays
+// O(entries) and every operation is amortized O(1) per entry apart from the
+// heap and the within-bucket sort.
+
+// capRec packs gen (16 bits) | node offset (32) | replica id (16).
+func capRec(gen, off uint32, rid uint16) uint64 {
+	return uint64(gen&0xFFFF)<<48 | uint64(off)<<16 | uint64(rid)
+}
+
+func capRecParts(r uint64) (gen16, off uint32, rid uint16) {
+	return uint32(r >> 48), uint32(r >> 16), uint16(r)
+}
+
+type capKey struct {
+	count uint32
+	ts    int64
+}
+
+func capLess(a, b capKey) bool {
+	if a.count != b.count {
+		return a.count < b.count
+	}
+	return a.ts < b.ts
+}
+
+// bucket is a run of records under one key. recs[:head] are consumed.
+type bucket[K comparable] struct {
+	key    K
+	recs   []uint64
+	head   int
+	sorted bool
+	hidx   int
+}
+
+// bucketQueue is a min-heap of buckets keyed by K with a map for filing.
+// It is owned by the writer.
+type bucketQueue[K comparable] struct {
+	byKey   map[K]*bucket[K]
+	heap    []*bucket[K]
+	less    func(a, b K) bool
+	records int // records filed and not yet consumed, garbage included
+	recCap  int // sum of cap(recs), for memory accounting
+}
+
+func (q *bucketQueue[K]) init(less func(a, b K) bool) {
+	q.byKey = map[K]*bucket[K]{}
+	q.less = less
+}
+
+func (q *bucketQueue[K]) push(k K, rec uint64) {
+	b := q.byKey[k]
+	if b == nil {
+		b = &bucket[K]{key: k}
+		q.byKey[k] = b
+		b.hidx = len(q.heap)
+		q.heap = append(q.heap, b)
+		q.up(b.hidx)
+	}
+	c := cap(b.recs)
+	b.recs = append(b.recs, rec)
+	q.recCap += cap(b.recs) - c
+	b.sorted = false
+	q.records++
+}
+
+// min returns the minimum bucket or nil.
+func (q *bucketQueue[K]) min() *bucket[K] {
+	if len(q.heap) == 0 {
+		return nil
+	}
+	return q.heap[0]
+}
+
+// drop removes bucket b (normally the minimum).
+func (q *bucketQueue[K]) drop(b *bucket[K]) {
+	q.records -= len(b.recs) - b.head
+	q.recCap -= cap(b.recs)
+	delete(q.byKey, b.key)
+	i := b.hidx
+	last := len(q.heap) - 1
+	q.swap(i, last)
+	q.heap[last] = nil
+	q.heap = q.heap[:last]
+	if i < last {
+		q.down(i)
+		q.up(i)
+	}
+}
+
+func (q *bucketQueue[K]) swap(i, j int) {
+	q.heap[i], q.heap[j] = q.heap[j], q.heap[i]
+	q.heap[i].hidx, q.heap[j].hidx = i, j
+}
+
+func (q *bucketQueue[K]) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !q.less(q.heap[i].key, q.heap[p].key) {
+			return
+		}
+		q.swap(i, p)
+		i = p
+	}
+}
+
+func (q *bucketQueue[K]) down(i int) {
+	n := len(q.heap)
+	for {
+		l, m := 2*i+1, i
+		if l < n && q.less(q.heap[l].key, q.heap[m].key) {
+			m = l
+		}
+		if r := l + 1; r < n && q.less(q.heap[r].key, q.heap[m].key) {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		q.swap(i, m)
+		i = m
+	}
+}
+
+// compact rewrites every bucket keeping only the records keep approves,
+// and drops empty buckets.
+func (q *bucketQueue[K]) compact(keep func(k K, rec uint64) bool) {
+	for _, b := range slices.Clone(q.heap) {
+		out := b.recs[:0]
+		for _, r := range b.recs[b.head:] {
+			if keep(b.key, r) {
+				out = append(out, r)
+			}
+		}
+		q.records -= len(b.recs) - b.head - len(out)
+		// Release memory of buckets that shrank a lot.
+		if cap(out) > 64 && len(out) < cap(out)/4 {
+			q.recCap -= cap(out)
+			out = slices.Clone(out)
+			q.recCap += cap(out)
+		}
+		clear(b.recs[len(out):])
+		b.recs, b.head, b.sorted = out, 0, false
+		if len(out) == 0 {
+			q.drop(b)
+		}
+	}
+}
+
+// bytes is the queue's memory (records plus bucket overhead).
+func (q *bucketQueue[K]) bytes() int64 {
+	const perBucket = 64 + 48 + 8 // struct, map entry, heap slot
+	return int64(q.recCap)*8 + int64(len(q.byKey))*perBucket
+}
+
+// capQueue is the cap-eviction queue.
+type capQueue struct {
+	bucketQueue[capKey]
+}
+
+func (q *capQueue) init() { q.bucketQueue.init(capLess) }
+
+// fileCapLocked files holder h (replica rid of node off) under its current
+// effective count and lastSeen ts.
+func (e *Engine) fileCapLocked(sc *scope, off, h uint32, rid uint16, ts int64) {
+	if sc.d.reserved {
+		return
+	}
+	var count uint32
+	if sc.d.ts.lfu {
+		count = e.w(h+hLFU) & lfuCountMask
+	}
+	e.capq.push(capKey{count, ts}, capRec(e.w(off+nGen), off, rid))
+	e.maybeCompactCapLocked()
+}
+
+// capRecState validates a cap record against the index: it returns the
+// node's scope and the holder index, and the holder's current effective
+// count, or ok=false when the record is stale for lastSeen ts.
+func (e *Engine) capRecState(rec uint64, ts int64) (sc *scope, idx, count uint32, ok bool) {
+	gen, off, rid := capRecParts(rec)
+	meta := e.w(off + nMeta)
+	if meta&metaLive == 0 || e.w(off+nGen)&0xFFFF != gen {
+		return nil, 0, 0, false
+	}
+	block := e.w(off + nHolders)
+	idx, found := e.findHolder(block, metaCount(meta), rid)
+	if !found {
+		return nil, 0, 0, false
+	}
+	h := holderAt(block, idx)
+	if e.holderTs(h) != ts {
+		return nil, 0, 0, false
+	}
+	sc = e.scopes[e.w(off+nScope)]
+	if sc.d.ts.lfu {
+		count = e.w(h+hLFU) & lfuCountMask
+	}
+	return sc, idx, count, true
+}
+
+// maybeCompactCapLocked drops stale records once they outnumber live ones.
+func (e *Engine) maybeCompactCapLocked() {
+	live := int(e.totalEntries.Load())
+	if e.capq.records < 2*live+4096 {
+		return
+	}
+	e.capq.compact(func(k capKey, rec uint64) bool {
+		_, _, _, ok := e.capRecState(rec, k.ts)
+		return ok
+	})
+}
+
+// rebuildCapLocked refiles every live storage entry at its true key. It runs
+// when some tenant stopped using LFU, which lowers its entries' keys.
+func (e *Engine) rebuildCapLocked() {
+	e.capq = capQueue{}
+	e.capq.init()
+	for _, sc := range e.scopes[1:] {
+		if sc.d.reserved {
+			continue
+		}
+		e.forEachNodeLocked(sc, func(off uint32) {
+			meta := e.w(off + nMeta)
+			block := e.w(off + nHolders)
+			for i := uint32(0); i < metaCount(meta); i++ {
+				h := holderAt(block, i)
+				var count uint32
+				if sc.d.ts.lfu {
+					count = e.w(h+hLFU) & lfuCountMask
+				}
+				e.capq.push(capKey{count, e.holderTs(h)}, capRec(e.w(off+nGen), off, uint16(e.w(h+hRidTier))))
+			}
+		})
+	}
+}
+
+// forEachNodeLocked calls fn for every live node of a scope, in table order.
+// fn must not change the scope's table.
+func (e *Engine) forEachNodeLocked(sc *scope, fn func(off uint32)) {
+	t := sc.table.Load()
+	for i := range t.slots {
+		s := t.slots[i].Load()
+		if s != 0 && s != slotTomb {
+			fn(uint32(s))
+		}
+	}
+}
+
+// sortRec is a record with its sort key resolved.
+type sortRec struct {
+	rec     uint64
+	sc      *scope
+	hash    []byte
+	replica string
+}
+
+func compareScopes(a, b *scope) int {
+	if a == b {
+		return 0
+	}
+	return cmp.Or(
+		cmp.Compare(a.d.tenant, b.d.tenant),
+		cmp.Compare(a.d.model, b.d.model),
+		cmp.Compare(a.sch.name, b.sch.name),
+		cmp.Compare(a.adapter, b.adapter),
+	)
+}
+
+// prepareCapBucketLocked validates the unconsumed records of b, refiles
+// those whose count grew, and sorts the rest by (key, replica), dropping
+// duplicates of one holder.
+func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
+	recs := e.sortScratch[:0]
+	for _, r := range b.recs[b.head:] {
+		sc, _, count, ok := e.capRecState(r, b.key.ts)
+		if !ok {
+			continue
+		}
+		if count > b.key.count {
+			e.capq.push(capKey{count, b.key.ts}, r)
+			continue
+		}
+		_, off, rid := capRecParts(r)
+		recs = append(recs, sortRec{rec: r, sc: sc, hash: e.appendHashBytes(nil, off), replica: sc.d.replicaSlots()[rid].name})
+	}
+	sortRecs(recs, true)
+	e.capq.records -= len(b.recs) - b.head
+	out := b.recs[:0]
+	for i, r := range recs {
+		if i > 0 && recs[i-1].rec == r.rec {
+			continue
+		}
+		out = append(out, r.rec)
+	}
+	e.capq.records += len(out)
+	b.recs, b.head, b.sorted = out, 0, true
+	clear(recs)
+	e.sortScratch = recs[:0]
+}
+
+// sortRecs orders records by (scope, hash, replica name); withReplica=false
+// orders keys only (the quota queue).
+func sortRecs(recs []sortRec, withReplica bool) {
+	slices.SortFunc(recs, func(x, y sortRec) int {
+		if c := compareScopes(x.sc, y.sc); c != 0 {
+			return c
+		}
+		if c := bytes.Compare(x.hash, y.hash); c != 0 {
+			return c
+		}
+		if withReplica {
+			if c := cmp.Compare(x.replica, y.replica); c != 0 {
+				return c
+			}
+		}
+		return cmp.Compare(x.rec, y.rec)
+	})
+}
+
+// evictCapOneLocked evicts the single minimum storage entry. It reports
+// false when nothing is left to evict.
+func (e *Engine) evictCapOneLocked(snap *policy.Snapshot, now int64) bool {
+	for {
+		b := e.capq.min()
+		if b == nil {
+			return false
+		}
+		if !b.sorted {
+			e.prepareCapBucketLocked(b)
+		}
+		for b.head < len(b.recs) {
+			r := b.recs[b.head]
+			sc, idx, count, ok := e.capRecState(r, b.key.ts)
+			if !ok {
+				b.head++
+				e.capq.records--
+				continue
+			}
+			if count > b.key.count {
+				b.head++
+				e.capq.records--
+				e.capq.push(capKey{count, b.key.ts}, r)
+				continue
+			}
+			b.head++
+			e.capq.records--
+			_, off, _ := capRecParts(r)
+			e.removeHolderLocked(sc, off, idx, now)
+			e.pending.addIndex(snap.Tenant(sc.d.tenant).Eviction, reasonCap, 1)
+			return true
+		}
+		e.capq.drop(b)
+	}
+}
+
+// enforceCapLocked evicts until the entry cap and the byte budget hold.
+func (e *Engine) enforceCapLocked(snap *policy.Snapshot, now int64) {
+	if m := e.cfg.MaxEntries; m > 0 {
+		for e.totalEntries.Load() > m && e.evictCapOneLocked(snap, now) {
+		}
+	}
+	if m := e.cfg.MaxBytes; m > 0 {
+		for e.indexBytesLocked() > m && e.evictCapOneLocked(snap, now) {
+		}
+	}
+}

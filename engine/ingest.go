@@ -1,0 +1,309 @@
+package engine
+
+import (
+	"math"
+	"slices"
+
+	"github.com/inferencecache/inferencecache/policy"
+)
+
+// IngestResult tells the producer-facing layer what an update did.
+type IngestResult struct {
+	// Entries is the number of (replica, key) writes applied.
+	Entries int
+	// Dropped counts prefix entries (or blocks) the index refused: an
+	// unbalanced or malformed chain, a missing or oversized hash, a full
+	// arena or replica table, an empty replica id.
+	Dropped int
+	// Reserved is true when the update targeted the reserved tenant through
+	// Ingest (the probe); producer RPCs drop those before calling Ingest.
+	Reserved bool
+}
+
+const (
+	reasonCap = "cap"
+	reasonTTL = "ttl"
+)
+
+// pendingMetrics tallies one write's evictions so they are reported after
+// the writer lock is released.
+type pendingMetrics struct {
+	index  [2][2]int // [algorithm][cap, ttl]
+	tenant []tenantEvictions
+}
+
+type tenantEvictions struct {
+	tenant string
+	n      int
+}
+
+func (p *pendingMetrics) addIndex(a policy.Algorithm, reason string, n int) {
+	r := 0
+	if reason == reasonTTL {
+		r = 1
+	}
+	p.index[a][r] += n
+}
+
+func (p *pendingMetrics) addTenant(tenant string, n int) {
+	p.tenant = append(p.tenant, tenantEvictions{tenant, n})
+}
+
+// unlockAndReport releases the writer lock and reports the write's metrics.
+func (e *Engine) unlockAndReport() {
+	p := e.pending
+	e.pending = pendingMetrics{tenant: p.tenant[:0]}
+	var models []string
+	var counts []int64
+	if len(e.dirtyModels) > 0 {
+		models = slices.Clone(e.dirtyModels)
+		for _, m := range models {
+			counts = append(counts, e.modelKeys[m])
+		}
+		e.dirtyModels = e.dirtyModels[:0]
+	}
+	e.mu.Unlock()
+	for a := range p.index {
+		for r, n := range p.index[a] {
+			if n > 0 {
+				reason := reasonCap
+				if r == 1 {
+					reason = reasonTTL
+				}
+				e.metrics.AddIndexEvictions(policy.Algorithm(a).String(), reason, n)
+			}
+		}
+	}
+	for _, t := range p.tenant {
+		e.metrics.AddTenantEvictions(t.tenant, t.n)
+	}
+	for i, m := range models {
+		e.metrics.SetIndexEntries(m, counts[i])
+	}
+}
+
+// lockWriter takes the writer lock and adopts the current policy snapshot.
+func (e *Engine) lockWriter() *policy.Snapshot {
+	e.mu.Lock()
+	snap := e.policies.Load()
+	e.syncPolicyLocked(snap)
+	return snap
+}
+
+// Ingest applies one CacheStateUpdate (contract §1.2): an additive delta.
+// Chain entries expand to one key per block with cumulative token counts;
+// an entry's legacy prefix_hash is written too. An entry's partition is its
+// adapter, else the update's, else "". An update without a hash scheme keeps
+// its stats but indexes no prefixes. After the write, the tenant's quota and
+// then the global cap and byte budget are enforced. now is the server clock
+// in µs, used when the update carries no timestamp.
+//
+// Deviation from the seed system, on purpose: an entry with no hash (or a
+// chain containing an empty or over-long hash) is dropped and counted rather
+// than indexed under the empty key, which a hash-less lookup would then match.
+func (e *Engine) Ingest(u *Update, now int64) IngestResult {
+	snap := e.lockWriter()
+	res := e.ingestLocked(u, now)
+	e.enforceQuotaLocked(snap, u.TenantID, now)
+	e.enforceCapLocked(snap, now)
+	e.unlockAndReport()
+	return res
+}
+
+func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
+	var res IngestResult
+	res.Reserved = u.TenantID == policy.ReservedTenantID
+	ts := u.TimestampUs
+	if ts == 0 {
+		ts = now
+	}
+	if u.ReplicaID == "" {
+		res.Dropped = len(u.Prefixes)
+		return res
+	}
+	hasPrefixes := u.HashScheme != "" && len(u.Prefixes) > 0
+	if !hasPrefixes && u.Stats == nil {
+		return res
+	}
+	d := e.domainLocked(u.TenantID, u.ModelID)
+	r := e.replicaLocked(d, u.ReplicaID, now)
+	if r == nil {
+		res.Dropped = len(u.Prefixes)
+		return res
+	}
+	if hasPrefixes {
+		sch := e.schemeLocked(d, u.HashScheme)
+		var sc *scope
+		for i := range u.Prefixes {
+			p := &u.Prefixes[i]
+			adapter := p.AdapterID
+			if adapter == "" {
+				adapter = u.AdapterID
+			}
+			if sc == nil || sc.adapter != adapter {
+				sc = e.scopeLocked(d, sch, adapter)
+			}
+			tier := TierFromWire(p.Tier)
+			if len(p.BlockHashes) > 0 || len(p.BlockTokenCounts) > 0 {
+				n, ok := e.ingestChainLocked(sc, r, p, tier, ts)
+				res.Entries += n
+				if !ok {
+					res.Dropped++
+					continue
+				}
+				if len(p.PrefixHash) > 0 {
+					if e.ingestOneLocked(sc, r, p.PrefixHash, p.TokenCount, tier, ts) {
+						res.Entries++
+					} else {
+						res.Dropped++
+					}
+				}
+				continue
+			}
+			if e.ingestOneLocked(sc, r, p.PrefixHash, p.TokenCount, tier, ts) {
+				res.Entries++
+			} else {
+				res.Dropped++
+			}
+		}
+	}
+	if u.Stats != nil {
+		st := &statsRecord{ReplicaStats: *u.Stats, reported: ts}
+		st.HitRate = clampRate(st.HitRate)
+		st.Pressure = clampRate(st.Pressure)
+		r.stats.Store(st)
+		r.liveness.Store(ts)
+	}
+	if r.keys.Load() == 0 {
+		e.maybeFreeReplicaLocked(d, r, now)
+	}
+	return res
+}
+
+// ingestChainLocked writes one chain entry. It returns how many blocks were
+// written and false when the entry was refused (unbalanced, a bad hash, or
+// the arena filled part-way).
+func (e *Engine) ingestChainLocked(sc *scope, r *replica, p *PrefixEntry, tier Tier, ts int64) (int, bool) {
+	if len(p.BlockHashes) != len(p.BlockTokenCounts) {
+		return 0, false
+	}
+	for _, h := range p.BlockHashes {
+		if _, ok := e.makeKey(h); !ok {
+			return 0, false
+		}
+	}
+	var cum int64
+	var prev uint32
+	for j, h := range p.BlockHashes {
+		cum += int64(p.BlockTokenCounts[j])
+		k, _ := e.makeKey(h)
+		off := e.upsertLocked(sc, r, &k, holderWrite{rid: r.id, tokens: clampInt32(cum), tier: tier, ts: ts})
+		if off == 0 {
+			return j, false
+		}
+		if prev != 0 {
+			// A plain store: the hint only nominates a node, readers validate it.
+			e.arena.Word(prev + nNext).Store(off)
+		}
+		prev = off
+	}
+	return len(p.BlockHashes), true
+}
+
+func (e *Engine) ingestOneLocked(sc *scope, r *replica, h []byte, tokens int32, tier Tier, ts int64) bool {
+	k, ok := e.makeKey(h)
+	if !ok {
+		return false
+	}
+	return e.upsertLocked(sc, r, &k, holderWrite{rid: r.id, tokens: tokens, tier: tier, ts: ts}) != 0
+}
+
+func clampInt32(v int64) int32 {
+	return int32(max(min(v, math.MaxInt32), math.MinInt32))
+}
+
+// ApplyEvent applies one CacheEvent (contract §1.2):
+//   - PREFIX_EVICTED removes the replica from every key with the event's
+//     tenant, model and hash, in every scheme; in the event's adapter
+//     partition only, or in all partitions when the adapter is empty.
+//   - ALL_CLEARED removes the replica from every key of (tenant, model) and
+//     drops its stats.
+//   - REPLICA_UPDATED refreshes the stats liveness only.
+//   - PREFIX_ADDED and unknown types do nothing.
+func (e *Engine) ApplyEvent(ev *Event, now int64) {
+	switch ev.Type {
+	case EventPrefixEvicted, EventAllCleared, EventReplicaUpdated:
+	default:
+		return
+	}
+	d := e.lookupDomain(ev.TenantID, ev.ModelID)
+	if d == nil {
+		return
+	}
+	e.lockWriter()
+	defer e.unlockAndReport()
+	id, ok := d.byName[ev.ReplicaID]
+	if !ok {
+		return
+	}
+	r := d.replicaSlots()[id]
+	ts := ev.TimestampUs
+	if ts == 0 {
+		ts = now
+	}
+	switch ev.Type {
+	case EventReplicaUpdated:
+		if r.stats.Load() != nil {
+			r.liveness.Store(ts)
+		}
+	case EventPrefixEvicted:
+		k, ok := e.makeKey(ev.PrefixHash)
+		if !ok {
+			return
+		}
+		for _, sc := range e.scopesOf(d) {
+			if ev.AdapterID != "" && sc.adapter != ev.AdapterID {
+				continue
+			}
+			off, _ := e.findLocked(sc.table.Load(), sc.id, &k)
+			if off == 0 {
+				continue
+			}
+			meta := e.w(off + nMeta)
+			if idx, found := e.findHolder(e.w(off+nHolders), metaCount(meta), id); found {
+				e.removeHolderLocked(sc, off, idx, now)
+			}
+		}
+	case EventAllCleared:
+		e.clearReplicaLocked(d, r, now)
+	}
+}
+
+// clearReplicaLocked removes replica r from every key of its domain and
+// drops its stats. It scans the domain's keys: ALL_CLEARED is rare (an
+// engine restart or cache reset), so the index keeps no per-replica key list.
+func (e *Engine) clearReplicaLocked(d *domain, r *replica, now int64) {
+	r.stats.Store(nil)
+	for _, sc := range e.scopesOf(d) {
+		if r.keys.Load() == 0 {
+			break
+		}
+		if len(r.schemeKeys) <= sc.sch.index || r.schemeKeys[sc.sch.index] == 0 {
+			continue
+		}
+		var victims []uint32
+		e.forEachNodeLocked(sc, func(off uint32) {
+			meta := e.w(off + nMeta)
+			if _, found := e.findHolder(e.w(off+nHolders), metaCount(meta), r.id); found {
+				victims = append(victims, off)
+			}
+		})
+		for _, off := range victims {
+			meta := e.w(off + nMeta)
+			if idx, found := e.findHolder(e.w(off+nHolders), metaCount(meta), r.id); found {
+				e.removeHolderLocked(sc, off, idx, now)
+			}
+		}
+	}
+	e.maybeFreeReplicaLocked(d, r, now)
+}

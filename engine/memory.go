@@ -1,0 +1,93 @@
+package engine
+
+import "unsafe"
+
+// MemoryStats breaks down the index's memory. Arena bytes are exact (the
+// slabs are the memory); table and queue bytes are exact capacities; the
+// overhead of Go-side structures (domains, scopes, replica records and their
+// name strings, serving sets) is computed from their sizes and counts.
+type MemoryStats struct {
+	// ArenaSlabBytes is the memory the arena holds; ArenaLiveBytes is the
+	// part in live nodes, holder blocks and hash bytes.
+	ArenaSlabBytes, ArenaLiveBytes int64
+	// TableBytes is the scope hash tables.
+	TableBytes int64
+	// QueueBytes is the eviction queues (records and buckets).
+	QueueBytes int64
+	// OverheadBytes is the Go-side bookkeeping.
+	OverheadBytes int64
+	// IndexBytes is what the byte budget (Config.MaxBytes) is checked
+	// against: arena live bytes, tables, queues and overhead. Freed arena
+	// blocks are reused before the arena grows, so the arena's slab
+	// footprint tracks IndexBytes' high-water mark plus one slab.
+	IndexBytes int64
+	// TotalBytes is what the index holds from the Go runtime: slabs,
+	// tables, queues and overhead.
+	TotalBytes int64
+	// Entries and Keys are the storage entries and distinct keys (reserved
+	// tenant excluded).
+	Entries, Keys int64
+}
+
+// Memory reports the index's memory. It takes the writer lock briefly.
+func (e *Engine) Memory() MemoryStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	a := e.arena.Stats()
+	m := MemoryStats{
+		ArenaSlabBytes: int64(a.SlabBytes),
+		ArenaLiveBytes: int64(a.LiveBytes),
+		TableBytes:     e.tableBytes,
+		QueueBytes:     e.queueBytesLocked(),
+		OverheadBytes:  e.overheadBytesLocked(),
+		Entries:        e.totalEntries.Load(),
+		Keys:           e.totalKeys.Load(),
+	}
+	m.IndexBytes = m.ArenaLiveBytes + m.TableBytes + m.QueueBytes + m.OverheadBytes
+	m.TotalBytes = m.ArenaSlabBytes + m.TableBytes + m.QueueBytes + m.OverheadBytes
+	return m
+}
+
+func (e *Engine) queueBytesLocked() int64 {
+	n := e.capq.bytes()
+	for _, q := range e.quotas {
+		n += q.bytes()
+	}
+	return n
+}
+
+// overheadBytesLocked sizes the Go-side structures.
+func (e *Engine) overheadBytesLocked() int64 {
+	var n int64
+	n += int64(len(e.scopes)) * int64(unsafe.Sizeof(scope{})+8+16)
+	e.domains.Range(func(_ domainKey, d *domain) bool {
+		n += int64(unsafe.Sizeof(domain{})) + 64 + int64(len(d.tenant)+len(d.model))
+		for _, r := range d.replicaSlots() {
+			n += 8
+			if r != nil {
+				n += int64(unsafe.Sizeof(replica{})) + int64(len(r.name)) + int64(cap(r.schemeKeys))*4 + 48
+				if r.stats.Load() != nil {
+					n += int64(unsafe.Sizeof(statsRecord{}))
+				}
+			}
+		}
+		if p := d.schemes.Load(); p != nil {
+			for _, s := range *p {
+				ss := s.serving.Load()
+				n += int64(unsafe.Sizeof(scheme{})) + int64(cap(ss.ids))*2 + int64(cap(ss.names))*16
+			}
+		}
+		return true
+	})
+	return n
+}
+
+// indexBytesLocked is MemoryStats.IndexBytes without the overhead walk
+// (which is small and changes slowly; it is refreshed every 4096 calls).
+func (e *Engine) indexBytesLocked() int64 {
+	if e.overheadCalls%4096 == 0 {
+		e.overhead = e.overheadBytesLocked()
+	}
+	e.overheadCalls++
+	return int64(e.arena.Stats().LiveBytes) + e.tableBytes + e.queueBytesLocked() + e.overhead
+}

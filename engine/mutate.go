@@ -1,0 +1,413 @@
+package engine
+
+import (
+	"slices"
+
+	"github.com/inferencecache/inferencecache/policy"
+)
+
+// This file holds the writer's primitives. Every function here requires
+// e.mu to be held.
+
+func (e *Engine) beginWrite(off uint32) uint32 {
+	w := e.arena.Word(off + nSeq)
+	s := w.Load()
+	w.Store(s + 1)
+	return s
+}
+
+func (e *Engine) endWrite(off, s uint32) { e.arena.Word(off + nSeq).Store(s + 2) }
+
+func (e *Engine) setWord(off, v uint32) { e.arena.Word(off).Store(v) }
+
+// tenantLocked returns the tenant's state, creating it.
+func (e *Engine) tenantLocked(id string) *tenantState {
+	if t, ok := e.tenants.Load(id); ok {
+		return t
+	}
+	t := &tenantState{id: id, reserved: id == policy.ReservedTenantID}
+	if e.snap != nil {
+		t.lfu = e.snap.Tenant(id).Eviction == policy.LFU
+	}
+	e.tenants.Store(id, t)
+	return t
+}
+
+// domainLocked returns the (tenant, model) domain, creating it.
+func (e *Engine) domainLocked(tenant, model string) *domain {
+	if d, ok := e.domains.Load(domainKey{tenant, model}); ok {
+		return d
+	}
+	ts := e.tenantLocked(tenant)
+	d := &domain{tenant: tenant, model: model, reserved: ts.reserved, ts: ts, byName: map[string]uint16{}}
+	ts.models = append(ts.models, d)
+	e.domains.Store(domainKey{tenant, model}, d)
+	return d
+}
+
+// schemeLocked returns the domain's scheme, creating it.
+func (e *Engine) schemeLocked(d *domain, name string) *scheme {
+	if s := d.findScheme(name); s != nil {
+		return s
+	}
+	var list []*scheme
+	if p := d.schemes.Load(); p != nil {
+		list = *p
+	}
+	s := &scheme{name: name, index: len(list)}
+	s.serving.Store(&servingSet{})
+	next := append(slices.Clip(list), s)
+	d.schemes.Store(&next)
+	return s
+}
+
+// scopeLocked returns the scheme's scope for adapter, creating it.
+func (e *Engine) scopeLocked(d *domain, s *scheme, adapter string) *scope {
+	if sc := s.findScope(adapter); sc != nil {
+		return sc
+	}
+	sc := &scope{id: uint32(len(e.scopes)), d: d, sch: s, adapter: adapter}
+	t := newTable(0)
+	sc.table.Store(t)
+	e.tableBytes += t.bytes()
+	e.scopes = append(e.scopes, sc)
+	var list []*scope
+	if p := s.scopes.Load(); p != nil {
+		list = *p
+	}
+	next := append(slices.Clip(list), sc)
+	s.scopes.Store(&next)
+	return sc
+}
+
+// replicaLocked returns the domain's replica named name, creating it. It
+// returns nil when the domain has no free replica id.
+func (e *Engine) replicaLocked(d *domain, name string, now int64) *replica {
+	if id, ok := d.byName[name]; ok {
+		return d.replicaSlots()[id]
+	}
+	slots := d.replicaSlots()
+	id := -1
+	if len(d.freeIDs) > 0 && d.freeIDs[0].after <= now {
+		id = int(d.freeIDs[0].id)
+		d.freeIDs = d.freeIDs[1:]
+	} else if len(slots) < MaxReplicasPerModel {
+		id = len(slots)
+	} else {
+		return nil
+	}
+	r := &replica{id: uint16(id), name: name}
+	next := slices.Clone(slots)
+	if id == len(next) {
+		next = append(next, r)
+	} else {
+		next[id] = r
+	}
+	d.replicas.Store(&next)
+	d.byName[name] = r.id
+	return r
+}
+
+// maybeFreeReplicaLocked releases a replica id that holds no keys and no
+// stats, after a quarantine (see replicaQuarantineUs).
+func (e *Engine) maybeFreeReplicaLocked(d *domain, r *replica, now int64) {
+	if r.keys.Load() != 0 || r.stats.Load() != nil {
+		return
+	}
+	if cur, ok := d.byName[r.name]; !ok || cur != r.id {
+		return
+	}
+	delete(d.byName, r.name)
+	next := slices.Clone(d.replicaSlots())
+	next[r.id] = nil
+	d.replicas.Store(&next)
+	d.freeIDs = append(d.freeIDs, freeID{id: r.id, after: now + replicaQuarantineUs})
+}
+
+// setServingLocked rebuilds a scheme's serving set after replica r's key
+// count in it moved between 0 and non-zero.
+func (e *Engine) setServingLocked(s *scheme, r *replica, serving bool) {
+	old := s.serving.Load()
+	ns := &servingSet{}
+	for i, id := range old.ids {
+		if id != r.id {
+			ns.ids = append(ns.ids, id)
+			_ = i
+		}
+	}
+	if serving {
+		ns.ids = append(ns.ids, r.id)
+		slices.Sort(ns.ids)
+	}
+	slots := s.scopesDomain().replicaSlots()
+	for _, id := range ns.ids {
+		name := r.name
+		if id != r.id {
+			name = slots[id].name
+		}
+		ns.names = append(ns.names, name)
+	}
+	slices.Sort(ns.names)
+	s.serving.Store(ns)
+}
+
+// scopesDomain returns the domain a scheme belongs to.
+func (s *scheme) scopesDomain() *domain {
+	if p := s.scopes.Load(); p != nil && len(*p) > 0 {
+		return (*p)[0].d
+	}
+	panic("BUG: scheme without scopes")
+}
+
+// countKeyLocked adjusts the distinct-key counters for a node created
+// (delta 1) or freed (delta -1) in scope sc.
+func (e *Engine) countKeyLocked(sc *scope, delta int64) {
+	d := sc.d
+	d.keys.Add(delta)
+	d.ts.keys.Add(delta)
+	if d.reserved {
+		return
+	}
+	e.totalKeys.Add(delta)
+	n := e.modelKeys[d.model] + delta
+	e.modelKeys[d.model] = n
+	if !slices.Contains(e.dirtyModels, d.model) {
+		e.dirtyModels = append(e.dirtyModels, d.model)
+	}
+}
+
+// countHolderLocked adjusts the storage-entry counters when replica r
+// starts (delta 1) or stops (delta -1) holding a key of scope sc.
+func (e *Engine) countHolderLocked(sc *scope, r *replica, delta int64) {
+	if sc.d.reserved {
+		e.reservedEntries.Add(delta)
+	} else {
+		e.totalEntries.Add(delta)
+	}
+	if r.keys.Add(delta) == 0 {
+		r.newest.Store(0)
+	}
+	for len(r.schemeKeys) <= sc.sch.index {
+		r.schemeKeys = append(r.schemeKeys, 0)
+	}
+	r.schemeKeys[sc.sch.index] += int32(delta)
+	switch n := r.schemeKeys[sc.sch.index]; {
+	case n == 1 && delta > 0:
+		e.setServingLocked(sc.sch, r, true)
+	case n == 0:
+		e.setServingLocked(sc.sch, r, false)
+	}
+}
+
+// newNodeLocked allocates and publishes a node for k in sc with no holders
+// yet; it returns 0 when the arena is full.
+func (e *Engine) newNodeLocked(sc *scope, k *key, slot uint64) uint32 {
+	off, err := e.arena.Alloc(nodeWords)
+	if err != nil {
+		return 0
+	}
+	block, err := e.arena.Alloc(holderCaps[0] * holderWord)
+	if err != nil {
+		e.arena.Free(off, nodeWords)
+		return 0
+	}
+	lo, hi := uint32(k.v), uint32(k.v>>32)
+	if k.kind == kindBytes {
+		at, err := e.storeHashBytes(k.b)
+		if err != nil {
+			e.arena.Free(block, holderCaps[0]*holderWord)
+			e.arena.Free(off, nodeWords)
+			return 0
+		}
+		lo, hi = at, uint32(len(k.b))
+	}
+	s := e.beginWrite(off)
+	e.setWord(off+nHashLo, lo)
+	e.setWord(off+nHashHi, hi)
+	e.setWord(off+nHolders, block)
+	e.setWord(off+nMeta, makeMeta(0, 0, k.kind))
+	e.setWord(off+nNext, 0)
+	e.setWord(off+nScope, sc.id)
+	e.endWrite(off, s)
+	e.insertLocked(sc, k, off, slot)
+	e.countKeyLocked(sc, 1)
+	return off
+}
+
+// freeNodeLocked unlinks an empty node from its table and returns its memory.
+func (e *Engine) freeNodeLocked(sc *scope, off uint32) {
+	meta := e.w(off + nMeta)
+	var k key
+	if metaKind(meta) == kindU64 {
+		k.kind = kindU64
+		k.v = uint64(e.w(off+nHashLo)) | uint64(e.w(off+nHashHi))<<32
+		k.th = mix64(k.v ^ e.seed)
+	} else {
+		var buf [MaxHashBytes]byte
+		k.kind = kindBytes
+		k.b = e.appendHashBytes(buf[:0], off)
+		k.th = hashBytes(k.b, e.seed)
+	}
+	e.deleteLocked(sc, &k, off)
+	block := e.w(off + nHolders)
+	class := metaClass(meta)
+	s := e.beginWrite(off)
+	e.setWord(off+nMeta, 0)
+	e.setWord(off+nGen, e.w(off+nGen)+1)
+	e.endWrite(off, s)
+	e.arena.Free(block, holderCaps[class]*holderWord)
+	if metaKind(meta) == kindBytes {
+		e.arena.Free(e.w(off+nHashLo), hashWords(int(e.w(off+nHashHi))))
+	}
+	e.arena.Free(off, nodeWords)
+	e.countKeyLocked(sc, -1)
+}
+
+// holderWrite describes one replica reporting one key.
+type holderWrite struct {
+	rid    uint16
+	tokens int32
+	tier   Tier
+	ts     int64
+}
+
+// upsertLocked records that replica r holds key k in scope sc. It returns the
+// node offset, or 0 when the arena is full.
+func (e *Engine) upsertLocked(sc *scope, r *replica, k *key, hw holderWrite) uint32 {
+	t := sc.table.Load()
+	off, slot := e.findLocked(t, sc.id, k)
+	if off == 0 {
+		if off = e.newNodeLocked(sc, k, slot); off == 0 {
+			return 0
+		}
+	}
+	meta := e.w(off + nMeta)
+	block, count := e.w(off+nHolders), metaCount(meta)
+	idx, found := e.findHolder(block, count, hw.rid)
+	oldMax := int64(0)
+	if q := e.quotas[sc.d.tenant]; q != nil {
+		oldMax = e.nodeMaxTsLocked(off)
+	}
+	if found {
+		h := holderAt(block, idx)
+		oldTs := e.holderTs(h)
+		s := e.beginWrite(off)
+		e.setWord(h+hRidTier, uint32(hw.rid)|uint32(hw.tier)<<16)
+		e.setWord(h+hTokens, uint32(hw.tokens))
+		e.setWord(h+hTsLo, uint32(hw.ts))
+		e.setWord(h+hTsHi, uint32(uint64(hw.ts)>>32))
+		e.endWrite(off, s)
+		if oldTs != hw.ts {
+			e.fileCapLocked(sc, off, h, hw.rid, hw.ts)
+		}
+	} else {
+		if !e.insertHolderLocked(off, meta, idx, hw) {
+			if count == 0 {
+				e.freeNodeLocked(sc, off)
+			}
+			return 0
+		}
+		e.countHolderLocked(sc, r, 1)
+		h := holderAt(e.w(off+nHolders), idx)
+		e.fileCapLocked(sc, off, h, hw.rid, hw.ts)
+	}
+	if hw.ts > r.newest.Load() {
+		r.newest.Store(hw.ts)
+	}
+	if q := e.quotas[sc.d.tenant]; q != nil {
+		if m := e.nodeMaxTsLocked(off); m != oldMax || !found && count == 0 {
+			q.push(e, off, m)
+		}
+	}
+	return off
+}
+
+// insertHolderLocked inserts a holder at index idx of node off, growing the
+// holder block when it is full. It reports false when the arena is full.
+func (e *Engine) insertHolderLocked(off, meta, idx uint32, hw holderWrite) bool {
+	block, count, class := e.w(off+nHolders), metaCount(meta), metaClass(meta)
+	dst, dstClass := block, class
+	if count == holderCaps[class] {
+		dstClass = classFor(count + 1)
+		nb, err := e.arena.Alloc(holderCaps[dstClass] * holderWord)
+		if err != nil {
+			return false
+		}
+		dst = nb
+	}
+	s := e.beginWrite(off)
+	// Move holders at and after idx up by one, last first; when growing into
+	// a new block, copy the ones before idx too.
+	for i := count; i > idx; i-- {
+		e.copyHolder(holderAt(block, i-1), holderAt(dst, i))
+	}
+	if dst != block {
+		for i := uint32(0); i < idx; i++ {
+			e.copyHolder(holderAt(block, i), holderAt(dst, i))
+		}
+	}
+	h := holderAt(dst, idx)
+	e.setWord(h+hRidTier, uint32(hw.rid)|uint32(hw.tier)<<16)
+	e.setWord(h+hTokens, uint32(hw.tokens))
+	e.moveLFU(0, h+hLFU)
+	e.setWord(h+hTsLo, uint32(hw.ts))
+	e.setWord(h+hTsHi, uint32(uint64(hw.ts)>>32))
+	e.setWord(off+nHolders, dst)
+	e.setWord(off+nMeta, makeMeta(count+1, dstClass, metaKind(meta)))
+	e.endWrite(off, s)
+	if dst != block {
+		e.arena.Free(block, holderCaps[class]*holderWord)
+	}
+	return true
+}
+
+// copyHolder copies one holder record, moving its LFU count.
+func (e *Engine) copyHolder(src, dst uint32) {
+	e.setWord(dst+hRidTier, e.w(src+hRidTier))
+	e.setWord(dst+hTokens, e.w(src+hTokens))
+	e.moveLFU(src+hLFU, dst+hLFU)
+	e.setWord(dst+hTsLo, e.w(src+hTsLo))
+	e.setWord(dst+hTsHi, e.w(src+hTsHi))
+}
+
+// removeHolderLocked removes holder idx from node off of scope sc, freeing
+// the node when it was the last holder. It returns the removed holder's rid.
+func (e *Engine) removeHolderLocked(sc *scope, off, idx uint32, now int64) uint16 {
+	meta := e.w(off + nMeta)
+	block, count := e.w(off+nHolders), metaCount(meta)
+	rid := uint16(e.w(holderAt(block, idx) + hRidTier))
+	oldMax := int64(0)
+	q := e.quotas[sc.d.tenant]
+	if q != nil {
+		oldMax = e.nodeMaxTsLocked(off)
+	}
+	s := e.beginWrite(off)
+	for i := idx; i+1 < count; i++ {
+		e.copyHolder(holderAt(block, i+1), holderAt(block, i))
+	}
+	e.retireLFU(holderAt(block, count-1) + hLFU)
+	e.setWord(off+nMeta, makeMeta(count-1, metaClass(meta), metaKind(meta)))
+	e.endWrite(off, s)
+	r := sc.d.replicaSlots()[rid]
+	e.countHolderLocked(sc, r, -1)
+	if count == 1 {
+		e.freeNodeLocked(sc, off)
+	} else if q != nil {
+		if m := e.nodeMaxTsLocked(off); m != oldMax {
+			q.push(e, off, m)
+		}
+	}
+	e.maybeFreeReplicaLocked(sc.d, r, now)
+	return rid
+}
+
+// nodeMaxTsLocked returns the newest lastSeen among a node's holders.
+func (e *Engine) nodeMaxTsLocked(off uint32) int64 {
+	meta := e.w(off + nMeta)
+	block, count := e.w(off+nHolders), metaCount(meta)
+	m := int64(-1 << 63)
+	for i := uint32(0); i < count; i++ {
+		m = max(m, e.holderTs(holderAt(block, i)))
+	}
+	return m
+}
