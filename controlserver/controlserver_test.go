@@ -39,8 +39,8 @@ func (f *fakeSnapshots) Snapshot() controlapi.CacheSnapshot {
 
 // fakeProber echoes the backend and records the last request.
 type fakeProber struct {
-	calls atomic.Int64
-	mu    sync.Mutex // guards last and hadDeadline
+	calls atomic.Int64 // Probe calls; added by request goroutines, read by the test
+	mu    sync.Mutex   // guards last and hadDeadline
 	last  controlapi.ProbeRequest
 	// hadDeadline records whether the last ctx carried a deadline.
 	hadDeadline bool
@@ -249,6 +249,16 @@ func TestPolicy(t *testing.T) {
 			}
 		})
 	}
+	t.Run("exactly 1 MiB is accepted", func(t *testing.T) {
+		b := `{"version": 7, "policies": [{"namespace": "edge"}]}`
+		b += strings.Repeat(" ", policy.MaxBodyBytes-len(b))
+		if r := e.do(t, http.MethodPost, "/policy", strings.NewReader(b)); r.code != http.StatusNoContent {
+			t.Fatalf("status %d body %q", r.code, r.body)
+		}
+		if !e.store.Load().Tenant("edge").HasPolicy {
+			t.Error("not applied")
+		}
+	})
 	if !strings.Contains(e.logs.String(), "policy push rejected") {
 		t.Error("rejections are not logged")
 	}
@@ -519,7 +529,7 @@ func fakeAuth(name string, calls *atomic.Int64) func(http.Handler) http.Handler 
 }
 
 func TestAuthWiring(t *testing.T) {
-	var snapCalls, polCalls, probeCalls atomic.Int64
+	var snapCalls, polCalls, probeCalls atomic.Int64 // middleware invocations per endpoint; added by request goroutines
 	e := newEnv(t, func(c *Config) {
 		c.SnapshotAuth = fakeAuth("snapshot", &snapCalls)
 		c.PolicyAuth = fakeAuth("policy", &polCalls)

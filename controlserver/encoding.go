@@ -21,7 +21,8 @@ const (
 // values: the acceptable (q > 0) one of zstd and gzip with the higher q, zstd
 // on a tie; identity when neither is acceptable. "*" stands for any coding
 // not listed; "x-gzip" is gzip. Malformed q values make that coding
-// unacceptable.
+// unacceptable. The snapshot is always served: identity is the fallback even
+// when the client marks it q=0 (no 406).
 func negotiateEncoding(values []string) string {
 	q := map[string]float64{}
 	for _, v := range values {

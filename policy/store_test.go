@@ -142,8 +142,8 @@ func BenchmarkTenantLookupDuringSwaps(b *testing.B) {
 			two := Build(markedBody(ids[:64], 2))
 			two.published.Store(true)
 
-			var stop atomic.Bool // set by the benchmark to end the swapper
-			var swaps atomic.Int64
+			var stop atomic.Bool   // set by the benchmark to end the swapper
+			var swaps atomic.Int64 // swaps done; stored by the swapper when it stops
 			var wg sync.WaitGroup
 			if swapping {
 				wg.Go(func() {

@@ -26,8 +26,8 @@ const (
 
 // fakeReviewer answers TokenReviews from a function and counts calls.
 type fakeReviewer struct {
-	calls  atomic.Int64
-	mu     sync.Mutex // guards last
+	calls  atomic.Int64 // Create calls; added by request goroutines, read by the test
+	mu     sync.Mutex   // guards last
 	last   *authnv1.TokenReview
 	answer func(ctx context.Context, token string) (*authnv1.TokenReview, error)
 }

@@ -19,7 +19,7 @@ import (
 // countingReviewer counts the reviews that reach the real Reviewer.
 type countingReviewer struct {
 	inner Reviewer
-	n     atomic.Int64
+	n     atomic.Int64 // reviews forwarded to inner; added by request goroutines
 }
 
 func (c *countingReviewer) Create(ctx context.Context, rv *authnv1.TokenReview, o metav1.CreateOptions) (*authnv1.TokenReview, error) {
@@ -59,7 +59,7 @@ func TestAgainstAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ran atomic.Int64
+	var ran atomic.Int64 // wrapped-handler runs; added by the server goroutines
 	srv := httptest.NewServer(a.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		ran.Add(1)
 		w.WriteHeader(http.StatusNoContent)
