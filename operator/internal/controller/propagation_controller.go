@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -90,17 +91,23 @@ func (r *PolicyPropagator) Reconcile(ctx context.Context, _ reconcile.Request) (
 		log.V(1).Info("pushed policy snapshot", "policies", len(body.Policies), "tenants", len(body.Tenants))
 	}
 	// The verdicts do not depend on the push, so status is written either way.
-	statusErr := r.writeStatuses(ctx, pols.Items, verdicts)
+	conflicted, statusErr := r.writeStatuses(ctx, pols.Items, verdicts)
 	if pushErr != nil {
 		return reconcile.Result{}, pushErr
 	}
 	if statusErr != nil {
 		return reconcile.Result{}, statusErr
 	}
+	if conflicted {
+		return reconcile.Result{RequeueAfter: min(conflictRetry, r.Interval)}, nil
+	}
 	return reconcile.Result{RequeueAfter: r.Interval}, nil
 }
 
-func (r *PolicyPropagator) writeStatuses(ctx context.Context, items []v1alpha1.CachePolicy, verdicts map[types.NamespacedName]PolicyVerdict) error {
+// writeStatuses writes the changed statuses. An object deleted meanwhile is
+// skipped; one changed meanwhile (a conflict) is reported so the caller
+// re-runs the pass soon, without logging an error.
+func (r *PolicyPropagator) writeStatuses(ctx context.Context, items []v1alpha1.CachePolicy, verdicts map[types.NamespacedName]PolicyVerdict) (conflicted bool, _ error) {
 	var firstErr error
 	for i := range items {
 		cp := &items[i]
@@ -114,14 +121,18 @@ func (r *PolicyPropagator) writeStatuses(ctx context.Context, items []v1alpha1.C
 		// A full update with the read resourceVersion: a conflict (the object
 		// changed meanwhile) fails this pass, and the retry reads it again.
 		if err := r.Status.Status().Update(ctx, cp); err != nil {
-			if firstErr == nil {
+			switch {
+			case apierrors.IsNotFound(err):
+			case apierrors.IsConflict(err):
+				conflicted = true
+			case firstErr == nil:
 				firstErr = err
 			}
 			continue
 		}
 		r.announce(cp, before, v)
 	}
-	return firstErr
+	return conflicted, firstErr
 }
 
 // announce emits a Warning Event when a policy newly becomes (or changes

@@ -36,6 +36,10 @@ import (
 // poll.
 const DefaultInterval = 30 * time.Second
 
+// conflictRetry is how soon a pass re-runs after a status write lost a
+// resourceVersion race.
+const conflictRetry = 500 * time.Millisecond
+
 // Options configures Setup.
 type Options struct {
 	// Server is the routing server client (required).

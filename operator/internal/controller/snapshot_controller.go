@@ -79,7 +79,7 @@ func (r *SnapshotPoller) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		entries[t.TenantID] = t.IndexEntries
 	}
 	res := ResolveTenants(tens.Items)
-	firstErr := idxErr
+	firstErr, conflicted := idxErr, false
 	for i := range tens.Items {
 		t := &tens.Items[i]
 		want := TenantStatus(t, t.Status, res, entries[t.Spec.TenantID])
@@ -87,12 +87,20 @@ func (r *SnapshotPoller) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			continue
 		}
 		t.Status = want
-		if err := r.Writer.Status().Update(ctx, t); err != nil && firstErr == nil {
+		// Deleted meanwhile: skip; changed meanwhile: re-run soon.
+		switch err := r.Writer.Status().Update(ctx, t); {
+		case err == nil, apierrors.IsNotFound(err):
+		case apierrors.IsConflict(err):
+			conflicted = true
+		case firstErr == nil:
 			firstErr = err
 		}
 	}
 	if firstErr != nil {
 		return reconcile.Result{}, firstErr
+	}
+	if conflicted {
+		return reconcile.Result{RequeueAfter: min(conflictRetry, r.Interval)}, nil
 	}
 	return reconcile.Result{RequeueAfter: r.Interval}, nil
 }

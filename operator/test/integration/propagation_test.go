@@ -221,18 +221,22 @@ func TestPropagationServerRestartAndTokenRotation(t *testing.T) {
 		t.Fatalf("re-sync took %s, want within one tick (%s) plus slack", d, tick)
 	}
 
-	// The projected token rotates: the server accepts only the new one and
-	// the controller re-reads the file on its next push.
-	newTok := "policy-token-2"
-	srv.policyToken.Store(&newTok)
-	rejected := srv.rejected.Load()
+	// The projected token is re-read on every push: a token of the wrong
+	// audience is refused by the server's audience gate, and the next
+	// rotated, correct token is used as soon as the file changes.
+	wrong, err := issueToken(ctx, controllerAud)
+	wantOK(t, "issue token", err)
+	unauth := srv.policyAuth.unauth.Load()
+	writeToken("policy", wrong)
 	eventually(t, propagationLimit, func() error {
-		if srv.rejected.Load() == rejected {
-			return fmt.Errorf("old token not yet rejected")
+		if srv.policyAuth.unauth.Load() == unauth {
+			return fmt.Errorf("controller-audience token not yet refused on /policy")
 		}
 		return nil
 	})
-	writeToken("policy", newTok)
+	fresh, err := issueToken(ctx, policyAud)
+	wantOK(t, "issue token", err)
+	writeToken("policy", fresh)
 	pushes := srv.pushes.Load()
 	eventually(t, propagationLimit, func() error {
 		if srv.pushes.Load() <= pushes {

@@ -1,8 +1,9 @@
 // Package integration runs the operator against a real kube-apiserver and
 // etcd (controller-runtime envtest): the CRDs from operator/config/crd, the
 // webhooks from operator/config/webhook called by the apiserver, the
-// controllers in a manager, and a routing-server stand-in on 127.0.0.1 that
-// applies /policy with the server's own policy.Decode and policy.Store.
+// controllers in a manager, and the server's real control handler
+// (controlserver, with its TokenReview middleware) on 127.0.0.1, which the
+// controller reaches with audience-bound tokens of its ServiceAccount.
 //
 // One control plane serves every test of the package (TestMain). Tests use
 // their own namespaces; the status tests share the server's snapshot and do
@@ -19,6 +20,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -31,9 +34,11 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,6 +49,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/inferencecache/controlapi"
+	"github.com/inferencecache/inferencecache/controlserver"
+	"github.com/inferencecache/inferencecache/controlserver/auth"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
 	icwebhook "github.com/inferencecache/inferencecache/operator/internal/webhook"
 	"github.com/inferencecache/inferencecache/operator/manager"
@@ -62,7 +69,8 @@ var (
 	skipReason string
 	k8s        client.Client
 	cfg        *rest.Config
-	srv        *fakeServer
+	srv        *testServer
+	clientset  kubernetes.Interface
 	scheme     *runtime.Scheme
 	tokenDir   string
 )
@@ -124,14 +132,20 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(tokenDir)
-	srv = newFakeServer("policy-token-1", "controller-token-1")
+	if clientset, err = kubernetes.NewForConfig(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := setupIdentity(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	srv = newTestServer(auth.ReviewerFromClientset(clientset))
 	if err := srv.start(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer srv.stop()
-	writeToken("policy", "policy-token-1")
-	writeToken("controller", "controller-token-1")
 
 	wio := &env.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
@@ -213,6 +227,27 @@ func waitTLS(addr string, limit time.Duration) error {
 	}
 }
 
+// setupIdentity creates the controller's namespace and ServiceAccount and
+// writes its two audience-bound tokens where the controller reads them.
+func setupIdentity() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: controllerNS}}); err != nil {
+		return err
+	}
+	if err := k8s.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: controllerNS, Name: controllerSA}}); err != nil {
+		return err
+	}
+	for file, aud := range map[string]string{"policy": policyAud, "controller": controllerAud} {
+		tok, err := issueToken(ctx, aud)
+		if err != nil {
+			return err
+		}
+		writeToken(file, tok)
+	}
+	return nil
+}
+
 func writeToken(name, tok string) {
 	if err := os.WriteFile(filepath.Join(tokenDir, name), []byte(tok+"\n"), 0o600); err != nil {
 		panic("BUG: cannot write token: " + err.Error())
@@ -266,114 +301,161 @@ func namespace(t *testing.T, ctx context.Context, name string, legacy bool) stri
 	return name
 }
 
-// fakeServer is the server side of /policy and /snapshot on 127.0.0.1: it
-// checks the bearer tokens, decodes /policy with policy.Decode and applies it
-// to a policy.Store exactly as the routing server does, and serves a
-// snapshot the test sets.
-type fakeServer struct {
-	addr string // fixed after the first start; restarts reuse it
+// The controller's identity as the server's --allowed-controller-sa names it.
+const (
+	controllerNS  = "inferencecache-system"
+	controllerSA  = "inferencecache-controller"
+	policyAud     = "inferencecache.io/policy"
+	controllerAud = "inferencecache.io/controller"
+)
 
-	// policyToken and controllerToken are the tokens accepted now.
-	policyToken     atomic.Pointer[string]
-	controllerToken atomic.Pointer[string]
-	// store is the live policy store; a restart swaps in a fresh one.
+// testServer is the routing server's internal :8081 listener on 127.0.0.1:
+// the real controlserver handler over a policy.Store, behind the real
+// TokenReview middleware (controlserver/auth) of both audiences, reviewing
+// tokens against the envtest apiserver. The snapshot it serves is set by the
+// test. A restart swaps in a fresh store, as a restarted pod would have.
+type testServer struct {
+	addr     string // fixed after the first start; restarts reuse it
+	reviewer auth.Reviewer
+
+	// store is the live policy store; restart swaps in a fresh one.
 	store atomic.Pointer[policy.Store]
 	// snap is served on /snapshot.
 	snap atomic.Pointer[controlapi.CacheSnapshot]
-	// pushes counts accepted /policy requests; rejected counts 401s.
-	pushes, rejected atomic.Int64
+	// pushes counts /policy requests answered 204.
+	pushes atomic.Int64
+	// policyAuth counts the auth outcomes of /policy.
+	policyAuth authCounter
 
 	mu   sync.Mutex   // guards http
 	http *http.Server // the running server; nil when stopped
 }
 
-func newFakeServer(policyTok, controllerTok string) *fakeServer {
-	f := &fakeServer{addr: "127.0.0.1:0"}
-	f.policyToken.Store(&policyTok)
-	f.controllerToken.Store(&controllerTok)
-	f.store.Store(policy.NewStore())
-	f.snap.Store(&controlapi.CacheSnapshot{Replicas: []controlapi.ReplicaSnapshot{}, Tenants: []controlapi.TenantSnapshot{}})
-	return f
+// authCounter is an auth.Recorder.
+type authCounter struct{ ok, unauth, other atomic.Int64 }
+
+func (c *authCounter) Record(result string) {
+	switch result {
+	case auth.ResultOK:
+		c.ok.Add(1)
+	case auth.ResultUnauth:
+		c.unauth.Add(1)
+	default:
+		c.other.Add(1)
+	}
 }
 
-func (f *fakeServer) start() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+type noProber struct{}
+
+func (noProber) Probe(_ context.Context, req controlapi.ProbeRequest) controlapi.ProbeResponse {
+	return controlapi.ProbeResponse{Backend: req.Backend, Ingest: controlapi.StageSkipped, Routing: controlapi.StageSkipped, T2: controlapi.StageSkipped}
+}
+
+func newTestServer(reviewer auth.Reviewer) *testServer {
+	s := &testServer{addr: "127.0.0.1:0", reviewer: reviewer}
+	s.store.Store(policy.NewStore())
+	s.snap.Store(&controlapi.CacheSnapshot{Replicas: []controlapi.ReplicaSnapshot{}, Tenants: []controlapi.TenantSnapshot{}})
+	return s
+}
+
+// Snapshot implements controlserver.SnapshotSource.
+func (s *testServer) Snapshot() controlapi.CacheSnapshot { return *s.snap.Load() }
+
+func (s *testServer) handler() (http.Handler, error) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if os.Getenv("IC_TEST_VERBOSE") != "" {
+		quiet = slog.Default()
+	}
+	identity := auth.ServiceAccountPrefix + controllerNS + ":" + controllerSA
+	pa, err := auth.New(auth.Config{Reviewer: s.reviewer, Audience: policyAud, AllowedIdentity: identity, Recorder: &s.policyAuth, Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	ca, err := auth.New(auth.Config{Reviewer: s.reviewer, Audience: controllerAud, AllowedIdentity: identity, Logger: quiet})
+	if err != nil {
+		return nil, err
+	}
+	h, err := controlserver.NewHandler(controlserver.Config{
+		Policies: s.store.Load(), Snapshots: s, Prober: noProber{},
+		PolicyAuth: pa.Wrap, SnapshotAuth: ca.Wrap, ProbeAuth: ca.Wrap, Logger: quiet,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		if r.URL.Path == "/policy" && rec.status == http.StatusNoContent {
+			s.pushes.Add(1)
+		}
+	}), nil
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (s *testServer) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, err := s.handler()
+	if err != nil {
+		return err
+	}
 	var l net.Listener
-	var err error
 	for range 50 { // the old socket may linger for a moment after a restart
-		if l, err = net.Listen("tcp", f.addr); err == nil {
+		if l, err = net.Listen("tcp", s.addr); err == nil {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	if err != nil {
-		return fmt.Errorf("fake server listen %s: %w", f.addr, err)
+		return fmt.Errorf("test server listen %s: %w", s.addr, err)
 	}
-	f.addr = l.Addr().String()
-	f.http = &http.Server{Handler: f, ReadHeaderTimeout: 5 * time.Second}
-	go func(s *http.Server) { _ = s.Serve(l) }(f.http)
+	s.addr = l.Addr().String()
+	s.http = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func(hs *http.Server) { _ = hs.Serve(l) }(s.http)
 	return nil
 }
 
-func (f *fakeServer) stop() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.http != nil {
+func (s *testServer) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = f.http.Shutdown(ctx)
-		f.http = nil
+		_ = s.http.Shutdown(ctx)
+		s.http = nil
 	}
 }
 
 // restart stops the server and starts a new one on the same address with an
-// empty store, as a restarted server pod would be.
-func (f *fakeServer) restart() error {
-	f.stop()
-	f.store.Store(policy.NewStore())
-	return f.start()
+// empty store.
+func (s *testServer) restart() error {
+	s.stop()
+	s.store.Store(policy.NewStore())
+	return s.start()
 }
 
-func (f *fakeServer) tenant(id string) *policy.Tenant { return f.store.Load().Load().Tenant(id) }
+func (s *testServer) tenant(id string) *policy.Tenant { return s.store.Load().Load().Tenant(id) }
 
-func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	bearer := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-	switch r.URL.Path {
-	case "/policy":
-		if r.Method != http.MethodPost && r.Method != http.MethodPut {
-			w.Header().Set("Allow", "POST, PUT")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
-		if bearer != *f.policyToken.Load() {
-			f.rejected.Add(1)
-			http.Error(w, "unauthenticated", http.StatusUnauthorized)
-			return
-		}
-		b, err := policy.Decode(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		f.store.Load().Apply(b)
-		f.pushes.Add(1)
-		w.WriteHeader(http.StatusNoContent)
-	case "/snapshot":
-		if r.Method != http.MethodGet {
-			w.Header().Set("Allow", "GET")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
-		if bearer != *f.controllerToken.Load() {
-			http.Error(w, "unauthenticated", http.StatusUnauthorized)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = jsonEncode(w, f.snap.Load())
-	default:
-		http.NotFound(w, r)
+// issueToken asks the apiserver for a token of the controller's
+// ServiceAccount bound to audience, as the kubelet's projection does.
+func issueToken(ctx context.Context, audience string) (string, error) {
+	exp := int64(3600)
+	tr, err := clientset.CoreV1().ServiceAccounts(controllerNS).CreateToken(ctx, controllerSA, &authnv1.TokenRequest{
+		Spec: authnv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: &exp},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("cannot issue a %s token: %w", audience, err)
 	}
+	return tr.Status.Token, nil
 }
 
 func jsonEncode(w http.ResponseWriter, v any) error { return json.NewEncoder(w).Encode(v) }
