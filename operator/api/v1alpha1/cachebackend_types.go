@@ -335,5 +335,5 @@ type CacheBackendList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&CacheBackend{}, &CacheBackendList{})
+	register(&CacheBackend{}, &CacheBackendList{})
 }

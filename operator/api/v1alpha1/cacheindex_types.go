@@ -124,5 +124,5 @@ type CacheIndexList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&CacheIndex{}, &CacheIndexList{})
+	register(&CacheIndex{}, &CacheIndexList{})
 }

@@ -177,5 +177,5 @@ type CachePolicyList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&CachePolicy{}, &CachePolicyList{})
+	register(&CachePolicy{}, &CachePolicyList{})
 }

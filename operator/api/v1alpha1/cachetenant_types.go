@@ -120,5 +120,5 @@ type CacheTenantList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&CacheTenant{}, &CacheTenantList{})
+	register(&CacheTenant{}, &CacheTenantList{})
 }

@@ -95,5 +95,5 @@ type PDTopologyList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&PDTopology{}, &PDTopologyList{})
+	register(&PDTopology{}, &PDTopologyList{})
 }

@@ -81,5 +81,5 @@ type PromptTemplateList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&PromptTemplate{}, &PromptTemplateList{})
+	register(&PromptTemplate{}, &PromptTemplateList{})
 }

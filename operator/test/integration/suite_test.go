@@ -17,7 +17,6 @@ package integration
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -457,8 +456,6 @@ func issueToken(ctx context.Context, audience string) (string, error) {
 	}
 	return tr.Status.Token, nil
 }
-
-func jsonEncode(w http.ResponseWriter, v any) error { return json.NewEncoder(w).Encode(v) }
 
 // errNotYet is what an eventually condition returns while it waits.
 var errNotYet = errors.New("not yet")
