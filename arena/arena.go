@@ -43,6 +43,7 @@ const (
 	// MaxBlockWords is the largest block Alloc accepts.
 	MaxBlockWords = SlabWords
 	slabMask      = SlabWords - 1
+	smallSizes    = 1024
 )
 
 type slab [SlabWords]atomic.Uint32
@@ -65,9 +66,11 @@ type Arena struct {
 	slabs uint32
 	// next is the bump pointer: the next unallocated offset in the newest slab.
 	next uint32
-	// free maps a block size (in words) to the head of its free list. A
+	// free holds, per block size in words, the head of that size's free
+	// list (sizes up to smallSizes index freeSmall, larger ones the map). A
 	// free block's last word links to the next free block of the same size.
-	free map[uint32]uint32
+	freeSmall [smallSizes]uint32
+	freeLarge map[uint32]uint32
 	// freeWords counts words sitting on free lists; wasteWords counts slab
 	// tails skipped because a block did not fit.
 	freeWords, wasteWords uint64
@@ -79,6 +82,24 @@ func (a *Arena) Word(off uint32) *atomic.Uint32 {
 	return &a.dir[off>>SlabShift].Load()[off&slabMask]
 }
 
+// Block is a view of one block: the slab that holds it and its index
+// there. Blocks never straddle slabs, so every word of a block of n words
+// is At(0) .. At(n-1). Resolving the slab once per block saves a directory
+// load per word on hot paths.
+type Block struct {
+	s *slab
+	i uint32
+}
+
+// Block returns the view of the block at offset off.
+func (a *Arena) Block(off uint32) Block { return Block{a.dir[off>>SlabShift].Load(), off & slabMask} }
+
+// At returns word k of the block (k must be within the block).
+func (b Block) At(k uint32) *atomic.Uint32 { return &b.s[(b.i+k)&slabMask] }
+
+// Load returns the value of word k of the block.
+func (b Block) Load(k uint32) uint32 { return b.s[(b.i+k)&slabMask].Load() }
+
 // Alloc returns the offset of a block of n words (1 <= n <= MaxBlockWords).
 // The block's contents are unspecified: a reused block keeps whatever its
 // previous owner wrote, so the caller initializes every word it relies on.
@@ -86,8 +107,8 @@ func (a *Arena) Alloc(n uint32) (uint32, error) {
 	if n == 0 || n > MaxBlockWords {
 		return 0, fmt.Errorf("arena: cannot allocate %d words (limit %d)", n, MaxBlockWords)
 	}
-	if head := a.free[n]; head != 0 {
-		a.free[n] = a.Word(head + n - 1).Load()
+	if head := a.freeHead(n); head != 0 {
+		a.setFreeHead(n, a.Word(head+n-1).Load())
 		a.freeWords -= uint64(n)
 		return head, nil
 	}
@@ -123,12 +144,27 @@ func (a *Arena) grow() error {
 // longer publish references to it. Readers holding the offset may still read
 // it; see the package comment.
 func (a *Arena) Free(off, n uint32) {
-	if a.free == nil {
-		a.free = make(map[uint32]uint32)
-	}
-	a.Word(off + n - 1).Store(a.free[n])
-	a.free[n] = off
+	a.Word(off + n - 1).Store(a.freeHead(n))
+	a.setFreeHead(n, off)
 	a.freeWords += uint64(n)
+}
+
+func (a *Arena) freeHead(n uint32) uint32 {
+	if n < smallSizes {
+		return a.freeSmall[n]
+	}
+	return a.freeLarge[n]
+}
+
+func (a *Arena) setFreeHead(n, off uint32) {
+	if n < smallSizes {
+		a.freeSmall[n] = off
+		return
+	}
+	if a.freeLarge == nil {
+		a.freeLarge = make(map[uint32]uint32)
+	}
+	a.freeLarge[n] = off
 }
 
 // Stats describes the arena's memory.

@@ -23,6 +23,8 @@ package engine
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -94,9 +96,9 @@ type Engine struct {
 	// snap is the policy snapshot the writer last adopted (syncPolicyLocked).
 	snap *policy.Snapshot
 	// modelKeys counts distinct keys per model (reserved tenant excluded);
-	// dirtyModels lists models whose count changed during the current write.
-	modelKeys   map[string]int64
-	dirtyModels []string
+	// dirtyModels lists the counters changed during the current write.
+	modelKeys   map[string]*modelCount
+	dirtyModels []*modelCount
 	// pending tallies evictions of the current write, reported after unlock.
 	pending pendingMetrics
 	// tableBytes is the memory of all scope tables.
@@ -108,16 +110,23 @@ type Engine struct {
 	sortScratch []sortRec
 }
 
+// modelCount is the distinct-key count of one model (writer only).
+type modelCount struct {
+	model string
+	n     int64
+	dirty bool
+}
+
 // domain is one (tenant, model).
 type domain struct {
 	tenant, model string
 	reserved      bool
 	ts            *tenantState
+	mc            *modelCount
 	// keys counts the domain's distinct keys; written under mu.
 	keys atomic.Int64
-	// replicas is indexed by replica id; replaced copy-on-write under mu.
-	// A nil slot is a free id.
-	replicas atomic.Pointer[[]*replica]
+	// replicas is the replica table; replaced copy-on-write under mu.
+	replicas atomic.Pointer[replicaTable]
 	// schemes lists the domain's hash schemes; copy-on-write under mu.
 	schemes atomic.Pointer[[]*scheme]
 
@@ -213,21 +222,23 @@ type tenantState struct {
 	keys atomic.Int64
 	// models lists the tenant's domains (writer only).
 	models []*domain
-	// lfu is true while the tenant's policy evicts by LFU (writer only).
-	lfu bool
+	// lfu is true while the tenant's policy evicts by LFU, and quota is
+	// the tenant's quota queue while it has a quota (writer only).
+	lfu   bool
+	quota *quotaQueue
 }
 
 // New returns an empty index.
 func New(cfg Config) *Engine {
 	e := &Engine{
-		cfg:        cfg,
-		ranker:     DefaultRanker(),
-		policies:   cfg.Policies,
-		metrics:    cfg.Metrics,
-		domains:    xsync.NewMapOf[domainKey, *domain](),
-		tenants:    xsync.NewMapOf[string, *tenantState](),
+		cfg:       cfg,
+		ranker:    DefaultRanker(),
+		policies:  cfg.Policies,
+		metrics:   cfg.Metrics,
+		domains:   xsync.NewMapOf[domainKey, *domain](),
+		tenants:   xsync.NewMapOf[string, *tenantState](),
 		quotas:    map[string]*quotaQueue{},
-		modelKeys: map[string]int64{},
+		modelKeys: map[string]*modelCount{},
 	}
 	if cfg.Ranker != nil {
 		e.ranker = *cfg.Ranker
@@ -289,10 +300,39 @@ func (s *scheme) findScope(adapter string) *scope {
 	return nil
 }
 
-// replicaSlots returns the domain's replica table (never nil).
-func (d *domain) replicaSlots() []*replica {
+// replicaTable maps replica ids to replicas (a nil slot is a free id) and
+// to the rank of their names in sorted order, so the ranker can order ties
+// by replica id string with integer compares. Immutable once published.
+type replicaTable struct {
+	slots []*replica
+	rank  []uint16
+}
+
+var emptyReplicaTable = &replicaTable{}
+
+// table returns the domain's replica table (never nil).
+func (d *domain) table() *replicaTable {
 	if p := d.replicas.Load(); p != nil {
-		return *p
+		return p
 	}
-	return nil
+	return emptyReplicaTable
+}
+
+// replicaSlots returns the domain's replicas indexed by id.
+func (d *domain) replicaSlots() []*replica { return d.table().slots }
+
+// newReplicaTable builds a table over slots, computing name ranks.
+func newReplicaTable(slots []*replica) *replicaTable {
+	t := &replicaTable{slots: slots, rank: make([]uint16, len(slots))}
+	order := make([]*replica, 0, len(slots))
+	for _, r := range slots {
+		if r != nil {
+			order = append(order, r)
+		}
+	}
+	slices.SortFunc(order, func(a, b *replica) int { return strings.Compare(a.name, b.name) })
+	for i, r := range order {
+		t.rank[r.id] = uint16(i)
+	}
+	return t
 }

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"math"
-	"slices"
 
 	"github.com/inferencecache/inferencecache/policy"
 )
@@ -55,13 +54,12 @@ func (e *Engine) unlockAndReport() {
 	e.pending = pendingMetrics{tenant: p.tenant[:0]}
 	var models []string
 	var counts []int64
-	if len(e.dirtyModels) > 0 {
-		models = slices.Clone(e.dirtyModels)
-		for _, m := range models {
-			counts = append(counts, e.modelKeys[m])
-		}
-		e.dirtyModels = e.dirtyModels[:0]
+	for _, mc := range e.dirtyModels {
+		models = append(models, mc.model)
+		counts = append(counts, mc.n)
+		mc.dirty = false
 	}
+	e.dirtyModels = e.dirtyModels[:0]
 	e.mu.Unlock()
 	for a := range p.index {
 		for r, n := range p.index[a] {

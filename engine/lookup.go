@@ -1,9 +1,11 @@
 package engine
 
 import (
-	"cmp"
+	"math"
+
 	"crypto/sha256"
 	"encoding/binary"
+	"github.com/inferencecache/inferencecache/arena"
 	"slices"
 	"time"
 
@@ -27,7 +29,14 @@ type LookupResult struct {
 	lfu   bool
 	nodes []uint64
 
-	run, next []runner
+	// Scratch of the chain walk: the running set (run and its double
+	// buffer next), finished runners (fin) and sorted matched counts.
+	run, fin []runner
+	obs      []observed
+	matched  []int64
+	// keys and sorted are sortScores' scratch; sorted double-buffers Scores.
+	keys   []uint64
+	sorted []Score
 }
 
 // runner is one replica during a chain walk.
@@ -44,7 +53,7 @@ func (r *LookupResult) reset() {
 	r.Scores = r.Scores[:0]
 	r.d, r.lfu = nil, false
 	r.nodes = r.nodes[:0]
-	r.run, r.next = r.run[:0], r.next[:0]
+	r.run, r.fin, r.obs = r.run[:0], r.fin[:0], r.obs[:0]
 }
 
 // LookupRoute ranks the replicas that hold the request's prefix (contract
@@ -112,157 +121,197 @@ func (e *Engine) classifyMiss(tenant string, d *domain, sch *scheme) Strategy {
 
 // walkChain is the chain matcher: seed the running set from the fresh
 // holders of block 0, then at each block finalize the replicas that lack it
-// or hold it stale, folding lastSeen by min and tier by coldest.
+// or hold it stale, folding lastSeen by min and tier by coldest. Block i+1
+// is looked for first at block i's successor hint (almost always right for
+// a chain reported in one piece, and adjacent in memory), then in the table.
 func (e *Engine) walkChain(sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult) {
 	t := sc.table.Load()
 	var hint uint32
 	for i, h := range req.BlockHashes {
 		k, ok := e.makeKey(h)
-		off := uint32(0)
-		if ok {
-			if hint != 0 && e.nodeIs(hint, sc.id, &k) {
-				off = hint
-			} else {
-				off = e.find(t, sc.id, &k)
+		if !ok {
+			break
+		}
+		tokens := int64(req.BlockTokenCounts[i])
+		next, found := uint32(0), false
+		if hint != 0 {
+			next, found = e.step(hint, sc.id, &k, i == 0, ttl, now, tokens, res)
+		}
+		if !found {
+			off := e.find(t, sc.id, &k)
+			if off == 0 {
+				break // every running replica lacks this block
+			}
+			if next, found = e.step(off, sc.id, &k, i == 0, ttl, now, tokens, res); !found {
+				break // removed since the table read
 			}
 		}
-		if off == 0 {
-			break // every running replica lacks this block
-		}
-		if i == 0 {
-			hint = e.seedRun(off, ttl, now, int64(req.BlockTokenCounts[0]), res)
-		} else {
-			hint = e.stepRun(off, ttl, now, int64(req.BlockTokenCounts[i]), res)
-		}
+		hint = next
 		if len(res.run) == 0 {
 			break
 		}
 	}
 	// Survivors matched every block they were asked about.
-	res.next = append(res.next[:0], res.run...)
+	res.fin = append(res.fin, res.run...)
 	e.scoreRuns(sc, req.SLOTTFTMs, ttl, now, res)
 }
 
-// seedRun fills the running set from node off (block 0) and returns the
-// node's successor hint.
-func (e *Engine) seedRun(off uint32, ttl, now, tokens int64, res *LookupResult) uint32 {
+// step advances the running set through node off, if off is a live node
+// for key k in scope sc (otherwise it reports false and changes nothing).
+// For the first block it seeds the running set from the node's fresh
+// holders; after that it keeps the runners that hold this block fresh and
+// moves the others to res.fin. It returns the node's successor hint.
+//
+// Node and holder words are read inside one sequence-lock window into a
+// small per-runner scratch (the block's lastSeen for each runner, or
+// "missing"), and applied to the running set in place only once the window
+// validates, so a retry never has to undo anything.
+func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64, res *LookupResult) (uint32, bool) {
+	nd := e.arena.Block(off)
 	for {
-		s1 := e.readSeq(off)
-		res.run = res.run[:0]
-		res.nodes = append(res.nodes[:0], 0)
-		meta := e.w(off + nMeta)
-		block, count := e.w(off+nHolders), metaCount(meta)
-		for j := uint32(0); j < count; j++ {
-			h := holderAt(block, j)
-			ts := e.holderTs(h)
-			if ttl <= 0 || now-ts >= ttl {
-				continue
+		s1 := nd.Load(nSeq)
+		if s1&1 != 0 {
+			s1 = e.readSeq(off)
+		}
+		meta := nd.Load(nMeta)
+		if !e.viewMatches(nd, meta, sc, k) {
+			if nd.Load(nSeq) == s1 {
+				return 0, false
 			}
-			rt := e.w(h + hRidTier)
-			res.run = append(res.run, runner{rid: uint16(rt), tier: Tier(rt >> 16), blocks: 1, matched: tokens, oldest: ts})
+			continue
 		}
-		next := e.w(off + nNext)
-		if e.w(off+nSeq) == s1 {
-			res.nodes[0] = uint64(e.w(off+nGen))<<32 | uint64(off)
-			res.Scores = res.Scores[:0]
-			return next
+		count := metaCount(meta)
+		hb := e.arena.Block(nd.Load(nHolders))
+		if first {
+			run := res.run[:0]
+			for j := uint32(0); j < count; j++ {
+				h := j * holderWord
+				ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
+				if ttl <= 0 || now-ts >= ttl {
+					continue
+				}
+				rt := hb.Load(h + hRidTier)
+				run = append(run, runner{rid: uint16(rt), tier: Tier(rt >> 16), blocks: 1, matched: tokens, oldest: ts})
+			}
+			hint, gen := nd.Load(nNext), nd.Load(nGen)
+			if nd.Load(nSeq) == s1 {
+				res.run = run
+				if res.lfu {
+					res.nodes = append(res.nodes, uint64(gen)<<32|uint64(off))
+				}
+				return hint, true
+			}
+			continue
 		}
-	}
-}
-
-// stepRun advances the running set through node off and returns the node's
-// successor hint. Replicas that drop out are appended to res.Scores as
-// finished runners (converted to scores by scoreRuns).
-func (e *Engine) stepRun(off uint32, ttl, now, tokens int64, res *LookupResult) uint32 {
-	for {
-		s1 := e.readSeq(off)
-		meta := e.w(off + nMeta)
-		block, count := e.w(off+nHolders), metaCount(meta)
-		nextRun := res.next[:0]
-		mark := len(res.Scores)
+		// Read phase: the block's (lastSeen, tier) for each runner; a
+		// missing or stale holder reads as tier 0 (never a stored tier).
+		run := res.run
+		obs := res.obs[:0]
 		j := uint32(0)
-		for _, r := range res.run {
-			for j < count && uint16(e.w(holderAt(block, j)+hRidTier)) < r.rid {
+		for i := range run {
+			rid := run[i].rid
+			for j < count && uint16(hb.Load(j*holderWord+hRidTier)) < rid {
 				j++
 			}
+			o := observed{}
 			if j < count {
-				h := holderAt(block, j)
-				rt := e.w(h + hRidTier)
-				if uint16(rt) == r.rid {
-					ts := e.holderTs(h)
+				h := j * holderWord
+				if rt := hb.Load(h + hRidTier); uint16(rt) == rid {
+					ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
 					if ttl > 0 && now-ts < ttl {
-						r.blocks++
-						r.matched += tokens
-						r.oldest = min(r.oldest, ts)
-						r.tier = coldest(r.tier, Tier(rt>>16))
-						nextRun = append(nextRun, r)
-						continue
+						o = observed{ts: ts, tier: Tier(rt >> 16)}
 					}
 				}
 			}
-			res.Scores = append(res.Scores, Score{rid: r.rid, run: r.blocks, MatchedTokens: clampInt32(r.matched), Tier: r.tier, Prob: float32(r.oldest), Score: 0})
-			res.Scores[len(res.Scores)-1].stash(r)
+			obs = append(obs, o)
 		}
-		hint := e.w(off + nNext)
-		gen := e.w(off + nGen)
-		if e.w(off+nSeq) == s1 {
-			res.next = res.run
-			res.run = nextRun
-			res.nodes = append(res.nodes, uint64(gen)<<32|uint64(off))
-			return hint
-		}
-		res.Scores = res.Scores[:mark]
-	}
-}
-
-// stash keeps a finished runner's fields in the Score until scoreRuns.
-func (s *Score) stash(r runner) {
-	s.rid, s.run, s.Tier = r.rid, r.blocks, r.tier
-	s.stashMatched, s.stashOldest = r.matched, r.oldest
-}
-
-// scoreRuns turns finished runners (in res.Scores) and survivors (res.next)
-// into ranked scores.
-func (e *Engine) scoreRuns(sc *scope, slo int32, ttl, now int64, res *LookupResult) {
-	for _, r := range res.next {
-		res.Scores = append(res.Scores, Score{})
-		res.Scores[len(res.Scores)-1].stash(r)
-	}
-	slots := sc.d.replicaSlots()
-	coef := e.sloCoefficient(slo)
-	out := res.Scores[:0]
-	for _, s := range res.Scores {
-		if s.stashMatched <= 0 || int(s.rid) >= len(slots) || slots[s.rid] == nil {
+		res.obs = obs
+		hint, gen := nd.Load(nNext), nd.Load(nGen)
+		if nd.Load(nSeq) != s1 {
 			continue
 		}
-		fresh := freshness(now, s.stashOldest, ttl)
+		// Apply phase, in place.
+		w := 0
+		for i := range run {
+			o := obs[i]
+			if o.tier == 0 {
+				res.fin = append(res.fin, run[i])
+				continue
+			}
+			r := &run[i]
+			r.blocks++
+			r.matched += tokens
+			r.oldest = min(r.oldest, o.ts)
+			r.tier = coldest(r.tier, o.tier)
+			if w != i {
+				run[w] = *r
+			}
+			w++
+		}
+		res.run = run[:w]
+		if res.lfu {
+			res.nodes = append(res.nodes, uint64(gen)<<32|uint64(off))
+		}
+		return hint, true
+	}
+}
+
+// observed is what one block holds for one runner.
+type observed struct {
+	ts   int64
+	tier Tier
+}
+
+// viewMatches is keyMatches over a block view.
+func (e *Engine) viewMatches(nd arena.Block, meta, sc uint32, k *key) bool {
+	if meta&metaLive == 0 || metaKind(meta) != k.kind || nd.Load(nScope) != sc {
+		return false
+	}
+	if k.kind == kindU64 {
+		return nd.Load(nHashLo) == uint32(k.v) && nd.Load(nHashHi) == uint32(k.v>>32)
+	}
+	return e.bytesEqual(nd.Load(nHashLo), nd.Load(nHashHi), k.b)
+}
+
+// scoreRuns turns the finished runners in res.fin into ranked scores.
+func (e *Engine) scoreRuns(sc *scope, slo int32, ttl, now int64, res *LookupResult) {
+	// Distinguishing power per replica: matching = the scored replicas whose
+	// matched tokens reach this replica's. Sorting the matched values lets
+	// each replica count them with one binary search.
+	ms := res.matched[:0]
+	for _, r := range res.fin {
+		if r.matched > 0 && freshness(now, r.oldest, ttl) > 0 {
+			ms = append(ms, r.matched)
+		}
+	}
+	slices.Sort(ms)
+	res.matched = ms
+	total := len(sc.sch.serving.Load().ids)
+	rt := sc.d.table()
+	slots := rt.slots
+	coef := e.sloCoefficient(slo)
+	for _, r := range res.fin {
+		if r.matched <= 0 || int(r.rid) >= len(slots) || slots[r.rid] == nil {
+			continue
+		}
+		fresh := freshness(now, r.oldest, ttl)
 		if fresh <= 0 {
 			continue
 		}
-		rep := slots[s.rid]
-		s.ReplicaID = rep.name
-		s.MatchedTokens = clampInt32(s.stashMatched)
-		s.Prob = float32(fresh)
-		s.raw = fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef) * float64(s.stashMatched)
-		out = append(out, s)
+		rep := slots[r.rid]
+		at, _ := slices.BinarySearch(ms, r.matched)
+		raw := float64(r.matched) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef)
+		res.Scores = append(res.Scores, Score{
+			ReplicaID:     rep.name,
+			Score:         float32(raw * distinguishingPower(len(ms)-at, total)),
+			MatchedTokens: clampInt32(r.matched),
+			Prob:          float32(fresh),
+			Tier:          r.tier,
+			rid:           r.rid,
+			run:           r.blocks,
+		})
 	}
-	res.Scores = out
-	// Distinguishing power per replica: matching = replicas whose matched
-	// tokens reach this replica's.
-	total := len(sc.sch.serving.Load().ids)
-	slices.SortFunc(res.Scores, func(a, b Score) int { return cmp.Compare(b.stashMatched, a.stashMatched) })
-	for i := 0; i < len(res.Scores); {
-		j := i
-		for j < len(res.Scores) && res.Scores[j].stashMatched == res.Scores[i].stashMatched {
-			j++
-		}
-		dp := distinguishingPower(j, total)
-		for k := i; k < j; k++ {
-			res.Scores[k].Score = float32(res.Scores[k].raw * dp)
-		}
-		i = j
-	}
-	sortScores(res.Scores)
+	sortScores(res, rt)
 }
 
 // matchExact is the legacy exact-prefix path.
@@ -275,47 +324,61 @@ func (e *Engine) matchExact(sc *scope, req *LookupRequest, ttl, now int64, res *
 	if off == 0 {
 		return
 	}
+	nd := e.arena.Block(off)
 	for {
 		s1 := e.readSeq(off)
-		res.Scores = res.Scores[:0]
-		meta := e.w(off + nMeta)
-		block, count := e.w(off+nHolders), metaCount(meta)
+		res.fin = res.fin[:0]
+		meta := nd.Load(nMeta)
+		if !e.viewMatches(nd, meta, sc.id, &k) {
+			if nd.Load(nSeq) == s1 {
+				return
+			}
+			continue
+		}
+		count := metaCount(meta)
+		hb := e.arena.Block(nd.Load(nHolders))
 		for j := uint32(0); j < count; j++ {
-			h := holderAt(block, j)
-			ts := e.holderTs(h)
+			h := j * holderWord
+			ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
 			if ttl <= 0 || now-ts >= ttl {
 				continue
 			}
-			rt := e.w(h + hRidTier)
-			tokens := int32(e.w(h + hTokens))
-			res.Scores = append(res.Scores, Score{rid: uint16(rt), Tier: Tier(rt >> 16), MatchedTokens: tokens, run: -1, stashOldest: ts, stashMatched: int64(tokens)})
+			rt := hb.Load(h + hRidTier)
+			res.fin = append(res.fin, runner{rid: uint16(rt), tier: Tier(rt >> 16), blocks: -1, matched: int64(int32(hb.Load(h + hTokens))), oldest: ts})
 		}
-		gen := e.w(off + nGen)
-		if e.w(off+nSeq) == s1 {
+		gen := nd.Load(nGen)
+		if nd.Load(nSeq) == s1 {
 			res.nodes = append(res.nodes[:0], uint64(gen)<<32|uint64(off))
 			break
 		}
 	}
-	slots := sc.d.replicaSlots()
+	rt := sc.d.table()
+	slots := rt.slots
 	coef := e.sloCoefficient(req.SLOTTFTMs)
-	out := res.Scores[:0]
-	for _, s := range res.Scores {
-		if int(s.rid) >= len(slots) || slots[s.rid] == nil {
+	valid := 0
+	for _, r := range res.fin {
+		if int(r.rid) < len(slots) && slots[r.rid] != nil {
+			valid++
+		}
+	}
+	dp := distinguishingPower(valid, len(sc.sch.serving.Load().ids))
+	for _, r := range res.fin {
+		if int(r.rid) >= len(slots) || slots[r.rid] == nil {
 			continue
 		}
-		rep := slots[s.rid]
-		fresh := freshness(now, s.stashOldest, ttl)
-		s.ReplicaID = rep.name
-		s.Prob = float32(fresh)
-		s.raw = float64(s.MatchedTokens) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef)
-		out = append(out, s)
+		rep := slots[r.rid]
+		fresh := freshness(now, r.oldest, ttl)
+		res.Scores = append(res.Scores, Score{
+			ReplicaID:     rep.name,
+			Score:         float32(float64(r.matched) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef) * dp),
+			MatchedTokens: int32(r.matched),
+			Prob:          float32(fresh),
+			Tier:          r.tier,
+			rid:           r.rid,
+			run:           -1,
+		})
 	}
-	res.Scores = out
-	dp := distinguishingPower(len(res.Scores), len(sc.sch.serving.Load().ids))
-	for i := range res.Scores {
-		res.Scores[i].Score = float32(res.Scores[i].raw * dp)
-	}
-	sortScores(res.Scores)
+	sortScores(res, rt)
 }
 
 // tenantHot is the TENANT_HOT fallback (contract §3.7).
@@ -330,7 +393,8 @@ func (e *Engine) tenantHot(d *domain, sch *scheme, slo int32, now int64, res *Lo
 	}
 	coef := e.sloCoefficient(slo)
 	res.Scores = res.Scores[:0]
-	for _, rep := range d.replicaSlots() {
+	rt := d.table()
+	for _, rep := range rt.slots {
 		if rep == nil {
 			continue
 		}
@@ -346,17 +410,42 @@ func (e *Engine) tenantHot(d *domain, sch *scheme, slo int32, now int64, res *Lo
 		score := float64(st.HitRate) * recency * pf * (1 + recency*coef)
 		res.Scores = append(res.Scores, Score{ReplicaID: rep.name, Score: float32(score), Prob: st.HitRate, rid: rep.id})
 	}
-	sortScores(res.Scores)
+	sortScores(res, rt)
 }
 
-// sortScores orders by score descending, then replica id ascending.
-func sortScores(s []Score) {
-	slices.SortFunc(s, func(a, b Score) int {
-		if a.Score != b.Score {
-			return cmp.Compare(b.Score, a.Score)
-		}
-		return cmp.Compare(a.ReplicaID, b.ReplicaID)
-	})
+// sortScores orders res.Scores by score descending, then replica id
+// ascending. It sorts packed integer keys (score bits, name rank, position)
+// and permutes once, which is several times faster than sorting the
+// structs with a comparator.
+func sortScores(res *LookupResult, rt *replicaTable) {
+	s := res.Scores
+	if len(s) < 2 {
+		return
+	}
+	keys := res.keys[:0]
+	for i := range s {
+		keys = append(keys, uint64(descFloat32(s[i].Score))<<32|uint64(rt.rank[s[i].rid])<<16|uint64(i))
+	}
+	slices.Sort(keys)
+	out := res.sorted[:0]
+	for _, k := range keys {
+		out = append(out, s[uint16(k)])
+	}
+	res.keys = keys
+	res.sorted = s
+	res.Scores = out
+}
+
+// descFloat32 maps a float32 to a uint32 that sorts ascending as the float
+// sorts descending (NaN does not occur: every factor is finite).
+func descFloat32(f float32) uint32 {
+	b := math.Float32bits(f)
+	if b&(1<<31) != 0 {
+		b = ^b
+	} else {
+		b |= 1 << 31
+	}
+	return ^b
 }
 
 // freshness is the linear decay of contract §3.2: 1 at age <= 0, 0 at age

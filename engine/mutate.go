@@ -29,6 +29,7 @@ func (e *Engine) tenantLocked(id string) *tenantState {
 	if e.snap != nil {
 		t.lfu = e.snap.Tenant(id).Eviction == policy.LFU
 	}
+	t.quota = e.quotas[id]
 	e.tenants.Store(id, t)
 	return t
 }
@@ -40,6 +41,10 @@ func (e *Engine) domainLocked(tenant, model string) *domain {
 	}
 	ts := e.tenantLocked(tenant)
 	d := &domain{tenant: tenant, model: model, reserved: ts.reserved, ts: ts, byName: map[string]uint16{}}
+	if d.mc = e.modelKeys[model]; d.mc == nil {
+		d.mc = &modelCount{model: model}
+		e.modelKeys[model] = d.mc
+	}
 	ts.models = append(ts.models, d)
 	e.domains.Store(domainKey{tenant, model}, d)
 	return d
@@ -103,7 +108,7 @@ func (e *Engine) replicaLocked(d *domain, name string, now int64) *replica {
 	} else {
 		next[id] = r
 	}
-	d.replicas.Store(&next)
+	d.replicas.Store(newReplicaTable(next))
 	d.byName[name] = r.id
 	return r
 }
@@ -120,7 +125,7 @@ func (e *Engine) maybeFreeReplicaLocked(d *domain, r *replica, now int64) {
 	delete(d.byName, r.name)
 	next := slices.Clone(d.replicaSlots())
 	next[r.id] = nil
-	d.replicas.Store(&next)
+	d.replicas.Store(newReplicaTable(next))
 	d.freeIDs = append(d.freeIDs, freeID{id: r.id, after: now + replicaQuarantineUs})
 }
 
@@ -169,10 +174,10 @@ func (e *Engine) countKeyLocked(sc *scope, delta int64) {
 		return
 	}
 	e.totalKeys.Add(delta)
-	n := e.modelKeys[d.model] + delta
-	e.modelKeys[d.model] = n
-	if !slices.Contains(e.dirtyModels, d.model) {
-		e.dirtyModels = append(e.dirtyModels, d.model)
+	d.mc.n += delta
+	if !d.mc.dirty {
+		d.mc.dirty = true
+		e.dirtyModels = append(e.dirtyModels, d.mc)
 	}
 }
 
@@ -241,12 +246,10 @@ func (e *Engine) freeNodeLocked(sc *scope, off uint32) {
 	if metaKind(meta) == kindU64 {
 		k.kind = kindU64
 		k.v = uint64(e.w(off+nHashLo)) | uint64(e.w(off+nHashHi))<<32
-		k.th = mix64(k.v ^ e.seed)
 	} else {
 		var buf [MaxHashBytes]byte
 		k.kind = kindBytes
 		k.b = e.appendHashBytes(buf[:0], off)
-		k.th = hashBytes(k.b, e.seed)
 	}
 	e.deleteLocked(sc, &k, off)
 	block := e.w(off + nHolders)
@@ -285,7 +288,8 @@ func (e *Engine) upsertLocked(sc *scope, r *replica, k *key, hw holderWrite) uin
 	block, count := e.w(off+nHolders), metaCount(meta)
 	idx, found := e.findHolder(block, count, hw.rid)
 	oldMax := int64(0)
-	if q := e.quotas[sc.d.tenant]; q != nil {
+	q := sc.d.ts.quota
+	if q != nil {
 		oldMax = e.nodeMaxTsLocked(off)
 	}
 	if found {
@@ -314,8 +318,8 @@ func (e *Engine) upsertLocked(sc *scope, r *replica, k *key, hw holderWrite) uin
 	if hw.ts > r.newest.Load() {
 		r.newest.Store(hw.ts)
 	}
-	if q := e.quotas[sc.d.tenant]; q != nil {
-		if m := e.nodeMaxTsLocked(off); m != oldMax || !found && count == 0 {
+	if q != nil {
+		if m := e.nodeMaxTsLocked(off); m != oldMax {
 			q.push(e, off, m)
 		}
 	}
@@ -377,7 +381,7 @@ func (e *Engine) removeHolderLocked(sc *scope, off, idx uint32, now int64) uint1
 	block, count := e.w(off+nHolders), metaCount(meta)
 	rid := uint16(e.w(holderAt(block, idx) + hRidTier))
 	oldMax := int64(0)
-	q := e.quotas[sc.d.tenant]
+	q := sc.d.ts.quota
 	if q != nil {
 		oldMax = e.nodeMaxTsLocked(off)
 	}

@@ -103,12 +103,27 @@ func makeMeta(count, class, kind uint32) uint32 {
 }
 
 // key is a block or prefix hash prepared for the index: its kind, its value
-// (kind 0) or bytes (kind 1), and its hash-table hash.
+// (kind 0) or bytes (kind 1), and its hash-table hash th, computed on first
+// use (a chain walk that follows successor hints never needs it).
 type key struct {
-	kind uint32
-	v    uint64
-	b    []byte
-	th   uint64
+	kind  uint32
+	hasTh bool
+	v     uint64
+	b     []byte
+	th    uint64
+}
+
+// tableHash returns (and caches) k's hash-table hash.
+func (e *Engine) tableHash(k *key) uint64 {
+	if !k.hasTh {
+		if k.kind == kindU64 {
+			k.th = mix64(k.v ^ e.seed)
+		} else {
+			k.th = hashBytes(k.b, e.seed)
+		}
+		k.hasTh = true
+	}
+	return k.th
 }
 
 // makeKey prepares h. ok is false for a hash the index never stores (empty
@@ -116,12 +131,11 @@ type key struct {
 func (e *Engine) makeKey(h []byte) (k key, ok bool) {
 	switch {
 	case len(h) == 8:
-		v := binary.BigEndian.Uint64(h)
-		return key{kind: kindU64, v: v, th: mix64(v ^ e.seed)}, true
+		return key{kind: kindU64, v: binary.BigEndian.Uint64(h)}, true
 	case len(h) == 0 || len(h) > MaxHashBytes:
 		return key{}, false
 	default:
-		return key{kind: kindBytes, b: h, th: hashBytes(h, e.seed)}, true
+		return key{kind: kindBytes, b: h}, true
 	}
 }
 

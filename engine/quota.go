@@ -178,6 +178,7 @@ func (e *Engine) syncPolicyLocked(snap *policy.Snapshot) {
 			lost = true
 		}
 		t.lfu = lfu
+		t.quota = e.quotas[id]
 		return true
 	})
 	if lost {

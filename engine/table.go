@@ -39,8 +39,9 @@ func (t *table) bytes() int64 { return int64(len(t.slots)) * 8 }
 
 // find returns the node holding k in scope sc, or 0. Safe for readers.
 func (e *Engine) find(t *table, sc uint32, k *key) uint32 {
-	tag := slotTag(k.th)
-	i := k.th & t.mask
+	th := e.tableHash(k)
+	tag := slotTag(th)
+	i := th & t.mask
 	for n := uint64(0); n <= t.mask; n++ {
 		s := t.slots[i].Load()
 		if s == 0 {
@@ -72,8 +73,9 @@ func (e *Engine) nodeIs(off, sc uint32, k *key) bool {
 // findLocked is find for the writer, which needs no sequence lock. It also
 // returns the slot index of the key, or of the first reusable slot.
 func (e *Engine) findLocked(t *table, sc uint32, k *key) (off uint32, slot uint64) {
-	tag := slotTag(k.th)
-	i := k.th & t.mask
+	th := e.tableHash(k)
+	tag := slotTag(th)
+	i := th & t.mask
 	free := ^uint64(0)
 	for n := uint64(0); n <= t.mask; n++ {
 		s := t.slots[i].Load()
@@ -105,7 +107,7 @@ func (e *Engine) insertLocked(sc *scope, k *key, off uint32, slot uint64) {
 	} else if t.slots[slot].Load() == slotTomb {
 		t.tombs--
 	}
-	t.slots[slot].Store(slotTag(k.th) | uint64(off))
+	t.slots[slot].Store(slotTag(e.tableHash(k)) | uint64(off))
 	t.used++
 }
 

@@ -213,9 +213,6 @@ type Score struct {
 	// blocks matched, or -1 for an exact match, 0 for no entries.
 	rid uint16
 	run int32
-	// Scratch of the ranker.
-	stashMatched, stashOldest int64
-	raw                       float64
 }
 
 // Policies supplies the current policy snapshot. *policy.Store implements it.

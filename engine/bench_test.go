@@ -1,0 +1,180 @@
+package engine
+
+import (
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// benchPrompts is the prompt count of the workload.
+const benchPrompts = 20_000
+
+var benchNow = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC).UnixMicro()
+
+var (
+	fixtureOnce sync.Once
+	fixtureW    *benchWorkload
+	fixtureE    *Engine
+	refOnce     sync.Once
+	fixtureRef  *refModel
+)
+
+func benchFixture() (*benchWorkload, *Engine) {
+	fixtureOnce.Do(func() {
+		fixtureW = newBenchWorkload(benchPrompts)
+		fixtureE = New(Config{})
+		fixtureW.forEachUpdate(benchNow, func(u *Update) { fixtureE.Ingest(u, benchNow) })
+	})
+	return fixtureW, fixtureE
+}
+
+func benchRef() *refModel {
+	refOnce.Do(func() {
+		w, _ := benchFixture()
+		fixtureRef = newRef(StaticPolicies(nil), 0)
+		fixtureRef.policies = fixtureE.policies
+		w.forEachUpdate(benchNow, func(u *Update) { fixtureRef.Ingest(cloneUpdate(u), benchNow) })
+	})
+	return fixtureRef
+}
+
+// cloneUpdate deep-copies the hashes the workload reuses between calls (the
+// reference model keys maps by string(hash), which copies anyway, but keep
+// the fixture honest).
+func cloneUpdate(u *Update) *Update {
+	c := *u
+	return &c
+}
+
+// lookupRequests prepares n lookup requests over random stored prompts.
+func lookupRequests(w *benchWorkload, n int) []LookupRequest {
+	reqs := make([]LookupRequest, n)
+	for i := range reqs {
+		hashes, _ := w.chain(nil, nil, (i*7919)%w.prompts)
+		reqs[i] = LookupRequest{TenantID: benchTenant, ModelID: benchModel, HashScheme: benchScheme, BlockHashes: hashes, BlockTokenCounts: w.counts}
+	}
+	return reqs
+}
+
+// BenchmarkLookupRouteChain64 measures a matching 64-block chain lookup on
+// the full workload: serial, parallel, and the reference model for the
+// speed ratio.
+func BenchmarkLookupRouteChain64(b *testing.B) {
+	w, e := benchFixture()
+	reqs := lookupRequests(w, 4096)
+	now := benchNow + 1_000_000
+	b.Run("engine", func(b *testing.B) {
+		var res LookupResult
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			e.LookupRoute(&reqs[i&4095], now, &res)
+		}
+		if res.Strategy != StrategyPrefixMatch || len(res.Scores) != 32 {
+			b.Fatalf("lookup returned %v with %d scores", res.Strategy, len(res.Scores))
+		}
+	})
+	b.Run("engine-parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			var res LookupResult
+			i := 0
+			for pb.Next() {
+				e.LookupRoute(&reqs[i&4095], now, &res)
+				i++
+			}
+		})
+	})
+	b.Run("reference", func(b *testing.B) {
+		ref := benchRef()
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			ref.LookupRoute(&reqs[i&4095], now)
+		}
+	})
+}
+
+// BenchmarkIngestBlocks measures ingest throughput in blocks per second:
+// into an empty index ("fresh"), into an index held at a 1M-entry cap
+// where every new entry evicts one ("at-cap"), and the reference model.
+func BenchmarkIngestBlocks(b *testing.B) {
+	w := newBenchWorkload(benchPrompts)
+	run := func(b *testing.B, newSink func() func(*Update)) {
+		b.ReportAllocs()
+		blocks := 0
+		sink := newSink()
+		b.ResetTimer()
+		start := time.Now()
+		for blocks < b.N {
+			w.forEachUpdate(benchNow, func(u *Update) {
+				if blocks < b.N {
+					sink(u)
+					blocks += benchBlocks
+				}
+			})
+			b.StopTimer()
+			sink = newSink()
+			b.StartTimer()
+		}
+		b.ReportMetric(float64(blocks)/time.Since(start).Seconds(), "blocks/s")
+	}
+	b.Run("fresh", func(b *testing.B) {
+		run(b, func() func(*Update) {
+			e := New(Config{})
+			return func(u *Update) { e.Ingest(u, benchNow) }
+		})
+	})
+	b.Run("at-cap", func(b *testing.B) {
+		// A cap of 1M entries: after the first ~16k updates every write
+		// evicts. Timestamps advance so victims are the oldest entries.
+		run(b, func() func(*Update) {
+			e := New(Config{MaxEntries: DefaultMaxEntries})
+			ts := benchNow
+			return func(u *Update) { ts++; u.TimestampUs = ts; e.Ingest(u, ts) }
+		})
+	})
+	b.Run("reference", func(b *testing.B) {
+		run(b, func() func(*Update) {
+			r := newRef(StaticPolicies(nil), 0)
+			r.policies = New(Config{}).policies
+			return func(u *Update) { r.Ingest(u, benchNow) }
+		})
+	})
+}
+
+// BenchmarkMemoryPerEntry reports live heap bytes per storage entry after
+// GC for the full workload, for the engine and the reference model.
+func BenchmarkMemoryPerEntry(b *testing.B) {
+	w := newBenchWorkload(benchPrompts)
+	measure := func(b *testing.B, build func() (any, int64)) {
+		for b.Loop() {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			idx, entries := build()
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(entries), "B/entry")
+			b.ReportMetric(float64(entries), "entries")
+			runtime.KeepAlive(idx)
+		}
+	}
+	b.Run("engine", func(b *testing.B) {
+		measure(b, func() (any, int64) {
+			e := New(Config{})
+			w.forEachUpdate(benchNow, func(u *Update) { e.Ingest(u, benchNow) })
+			entries, _ := e.Counts()
+			m := e.Memory()
+			b.ReportMetric(float64(m.TotalBytes)/float64(entries), "accounted-B/entry")
+			return e, entries
+		})
+	})
+	b.Run("reference", func(b *testing.B) {
+		measure(b, func() (any, int64) {
+			r := newRef(StaticPolicies(nil), 0)
+			r.policies = New(Config{}).policies
+			w.forEachUpdate(benchNow, func(u *Update) { r.Ingest(u, benchNow) })
+			return r, r.entries()
+		})
+	})
+}
