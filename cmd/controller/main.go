@@ -26,6 +26,7 @@ func main() {
 	flag.BoolVar(&o.LeaderElect, "leader-elect", false, "Elect a leader so only one replica runs the controllers (webhooks run on every replica).")
 	flag.StringVar(&o.LeaderElectionID, "leader-election-id", "inferencecache-controller.inferencecache.io", "Name of the leader election Lease.")
 	flag.BoolVar(&o.EnableWebhooks, "enable-webhooks", true, "Serve the validating admission webhooks.")
+	flag.StringVar(&o.WebhookHost, "webhook-host", "", "Address the webhook server binds; empty means all interfaces.")
 	flag.IntVar(&o.WebhookPort, "webhook-port", 9443, "Port of the webhook server.")
 	flag.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "Directory holding the webhook server's tls.crt and tls.key.")
 	flag.BoolVar(&o.SelfSignedCerts, "webhook-self-signed", true, "Issue the webhook certificate from a CA kept in --webhook-secret-name and set the caBundle; false expects tls.crt/tls.key mounted in --webhook-cert-dir (e.g. by cert-manager).")
@@ -36,7 +37,13 @@ func main() {
 	flag.Parse()
 	ctrl.SetLogger(klog.NewKlogr())
 
-	if err := manager.Run(ctrl.SetupSignalHandler(), o); err != nil {
+	o.Namespace = os.Getenv("POD_NAMESPACE")
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		ctrl.Log.Error(err, "cannot load kubeconfig")
+		os.Exit(1)
+	}
+	if err := manager.Run(ctrl.SetupSignalHandler(), cfg, o); err != nil {
 		ctrl.Log.Error(err, "controller failed")
 		os.Exit(1)
 	}

@@ -7,12 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -31,6 +31,9 @@ const DefaultInterval = controller.DefaultInterval
 // Options is the operator's configuration; cmd/controller fills it from
 // flags.
 type Options struct {
+	// Namespace is the controller's own namespace (POD_NAMESPACE): it holds
+	// the leader election Lease and the webhook certificate Secret.
+	Namespace           string
 	ServerAddress       string
 	PolicyTokenPath     string
 	ControllerTokenPath string
@@ -41,6 +44,7 @@ type Options struct {
 	LeaderElect         bool
 	LeaderElectionID    string
 	EnableWebhooks      bool
+	WebhookHost         string
 	WebhookPort         int
 	WebhookCertDir      string
 	SelfSignedCerts     bool
@@ -57,20 +61,20 @@ func Scheme() *runtime.Scheme {
 	return scheme
 }
 
-// Run starts the operator and blocks until ctx is done or the manager fails.
-func Run(ctx context.Context, f Options) error {
+// ErrNoNamespace is returned when the self-signed certificate or leader
+// election needs the controller's namespace and Options.Namespace is empty.
+var ErrNoNamespace = errors.New("manager: the controller's namespace (POD_NAMESPACE) is required for --webhook-self-signed and --leader-elect")
+
+// Run starts the operator against the cluster of cfg and blocks until ctx is
+// done or the manager fails.
+func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	log := ctrl.Log.WithName("setup")
 	scheme := Scheme()
-
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return fmt.Errorf("cannot load kubeconfig: %w", err)
+	ns := f.Namespace
+	if ns == "" && (f.LeaderElect || f.EnableWebhooks && f.SelfSignedCerts) {
+		return ErrNoNamespace
 	}
 	if f.EnableWebhooks && f.SelfSignedCerts {
-		ns := os.Getenv("POD_NAMESPACE")
-		if ns == "" {
-			return errors.New("POD_NAMESPACE must be set (downward API) for --webhook-self-signed")
-		}
 		c, err := client.New(cfg, client.Options{Scheme: scheme})
 		if err != nil {
 			return fmt.Errorf("cannot create bootstrap client: %w", err)
@@ -88,12 +92,13 @@ func Run(ctx context.Context, f Options) error {
 	}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: f.MetricsAddr},
-		HealthProbeBindAddress: f.ProbeAddr,
-		LeaderElection:         f.LeaderElect,
-		LeaderElectionID:       f.LeaderElectionID,
-		WebhookServer:          webhook.NewServer(webhook.Options{Port: f.WebhookPort, CertDir: f.WebhookCertDir}),
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: f.MetricsAddr},
+		HealthProbeBindAddress:  f.ProbeAddr,
+		LeaderElection:          f.LeaderElect,
+		LeaderElectionID:        f.LeaderElectionID,
+		LeaderElectionNamespace: ns,
+		WebhookServer:           webhook.NewServer(webhook.Options{Host: f.WebhookHost, Port: f.WebhookPort, CertDir: f.WebhookCertDir}),
 	})
 	if err != nil {
 		return fmt.Errorf("cannot create manager: %w", err)

@@ -1,0 +1,194 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// freePort returns a port on 127.0.0.1 that was free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+}
+
+// kubeconfig writes cfg (envtest's admin client certificate) as a kubeconfig.
+func kubeconfig(t *testing.T) string {
+	t.Helper()
+	c := clientcmdapi.NewConfig()
+	c.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	c.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	c.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	c.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*c, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestControllerBinary builds cmd/controller and runs it as the Deployment
+// does (leader election, self-signed webhook certificate, probes, metrics),
+// against the envtest apiserver and the test server, then stops it with
+// SIGTERM.
+func TestControllerBinary(t *testing.T) {
+	ctx := needEnv(t)
+	_, self, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
+	bin := filepath.Join(t.TempDir(), "controller")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/controller")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/controller: %v\n%s", err, out)
+	}
+
+	// A webhook configuration of its own, matching nothing, to receive the
+	// caBundle.
+	none := admissionv1.SideEffectClassNone
+	ignore := admissionv1.Ignore
+	path := "/unused"
+	vwc := &admissionv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "binary-test-webhook"},
+		Webhooks: []admissionv1.ValidatingWebhook{{
+			Name:                    "binary-test.inferencecache.io",
+			ClientConfig:            admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Namespace: controllerNS, Name: "binary-test-webhook", Path: &path}},
+			Rules:                   []admissionv1.RuleWithOperations{{Operations: []admissionv1.OperationType{admissionv1.Create}, Rule: admissionv1.Rule{APIGroups: []string{"binary-test.invalid"}, APIVersions: []string{"v1"}, Resources: []string{"nothing"}}}},
+			SideEffects:             &none,
+			FailurePolicy:           &ignore,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	wantOK(t, "create webhook configuration", k8s.Create(ctx, vwc))
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), vwc) })
+
+	metricsPort, probePort, webhookPort := freePort(t), freePort(t), freePort(t)
+	cmd := exec.Command(bin,
+		"--server-address=http://"+srv.addr,
+		"--policy-token-path="+filepath.Join(tokenDir, "policy"),
+		"--controller-token-path="+filepath.Join(tokenDir, "controller"),
+		"--push-interval=1s", "--snapshot-interval=1s",
+		"--metrics-bind-address=127.0.0.1:"+metricsPort,
+		"--health-probe-bind-address=127.0.0.1:"+probePort,
+		"--leader-elect", "--leader-election-id=binary-test.inferencecache.io",
+		"--enable-webhooks", "--webhook-host=127.0.0.1", "--webhook-port="+webhookPort,
+		"--webhook-cert-dir="+t.TempDir(),
+		"--webhook-secret-name=binary-test-webhook-cert",
+		"--webhook-service-name=binary-test-webhook",
+		"--webhook-config-name=binary-test-webhook",
+	)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig(t), "POD_NAMESPACE="+controllerNS)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("controller output:\n%s", logs.String())
+		}
+	}()
+
+	get := func(url string) (int, string, error) {
+		resp, err := http.Get(url) //nolint:noctx // bounded by the client timeout below
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+		return resp.StatusCode, string(b), nil
+	}
+	http.DefaultClient.Timeout = 5 * time.Second
+	eventually(t, 60*time.Second, func() error {
+		code, _, err := get("http://127.0.0.1:" + probePort + "/readyz")
+		if err != nil || code != http.StatusOK {
+			return fmt.Errorf("readyz %d %v", code, err)
+		}
+		return nil
+	})
+
+	// The self-signed CA is stored, set as caBundle, and signs what the
+	// webhook port serves for the Service's DNS name.
+	var sec corev1.Secret
+	wantOK(t, "certificate secret", k8s.Get(ctx, client.ObjectKey{Namespace: controllerNS, Name: "binary-test-webhook-cert"}, &sec))
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), &sec) })
+	wantOK(t, "get webhook configuration", k8s.Get(ctx, client.ObjectKeyFromObject(vwc), vwc))
+	if ca := vwc.Webhooks[0].ClientConfig.CABundle; len(ca) == 0 || !bytes.Equal(ca, sec.Data["ca.crt"]) {
+		t.Fatalf("caBundle not set from the secret (%d bytes)", len(ca))
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(sec.Data["ca.crt"])
+	conn, err := tls.Dial("tcp", "127.0.0.1:"+webhookPort, &tls.Config{RootCAs: pool, ServerName: "binary-test-webhook." + controllerNS + ".svc"})
+	wantOK(t, "TLS handshake with the webhook server", err)
+	_ = conn.Close()
+
+	// It holds the leader Lease and runs the controllers.
+	eventually(t, 30*time.Second, func() error {
+		var lease coordinationv1.Lease
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: controllerNS, Name: "binary-test.inferencecache.io"}, &lease); err != nil {
+			return err
+		}
+		if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
+			return errNotYet
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, func() error {
+		_, body, err := get("http://127.0.0.1:" + metricsPort + "/metrics")
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{`controller_runtime_reconcile_total{controller="policy-propagation",result="success"}`, `controller="cache-snapshot"`} {
+			if !strings.Contains(body, want) {
+				return fmt.Errorf("metrics lack %s", want)
+			}
+		}
+		return nil
+	})
+
+	// SIGTERM stops it cleanly.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		stopped = true
+		if err != nil {
+			t.Fatalf("controller exited with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("controller did not stop within 30s of SIGTERM")
+	}
+}
