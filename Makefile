@@ -1,0 +1,65 @@
+# inferencecache — see README.md. `make help` lists the targets.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+GO ?= go
+export GOTOOLCHAIN := local
+# envtest control-plane binaries (etcd + kube-apiserver), built from the Go
+# module proxy by hack/envtest-assets.sh and cached under ~/.cache.
+ENVTEST_START_TIMEOUT ?= 120s
+TEST_TIMEOUT ?= 45m
+BIN := $(CURDIR)/bin
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build every binary into bin/.
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+.PHONY: run
+run: ## Main job: start the server on embedded defaults, run a short load, print the report.
+	$(GO) run ./cmd/demo
+
+.PHONY: test
+test: ## Run every test with -race (installs protoc and the envtest binaries when missing).
+	@assets=$$(bash hack/envtest-assets.sh) && \
+	echo "envtest assets: $$assets" && \
+	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
+		$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+
+.PHONY: test-short
+test-short: ## Fast tests without -race or envtest (skips what needs them).
+	$(GO) test -short ./...
+
+.PHONY: bench
+bench: ## Engine micro-benchmarks (lookup, ingest, memory per entry) with the reference model.
+	$(GO) test -run '^$$' -bench 'LookupRouteChain64|IngestBlocks|MemoryPerEntry' -benchtime 2s -count 1 ./engine/
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+.PHONY: proto
+proto: ## Regenerate the gRPC Go code from rpc/proto.
+	bash hack/proto.sh
+
+.PHONY: manifests
+manifests: ## Regenerate CRDs and deepcopy code with controller-gen.
+	bash hack/manifests.sh
+
+.PHONY: envtest
+envtest: ## Build (or reuse) the envtest binaries and print their folder.
+	@bash hack/envtest-assets.sh
+
+.PHONY: bench-report
+bench-report: ## Regenerate the routing-quality simulator report (bench/results).
+	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results
+
+.PHONY: clean
+clean: ## Remove build output.
+	rm -rf $(BIN)
