@@ -84,9 +84,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	polServed := served(&v1alpha1.CachePolicy{})
 	tenServed := served(&v1alpha1.CacheTenant{})
 	idxServed := served(&v1alpha1.CacheIndex{})
-	if !polServed || !tenServed || !idxServed {
+	cbServed := served(&v1alpha1.CacheBackend{})
+	if !polServed || !tenServed || !idxServed || !cbServed {
 		mgr.GetLogger().Info("some inferencecache.io CRDs are not installed; those kinds are polled, not watched, until the next restart",
-			"cachepolicies", polServed, "cachetenants", tenServed, "cacheindices", idxServed)
+			"cachepolicies", polServed, "cachetenants", tenServed, "cacheindices", idxServed, "cachebackends", cbServed)
 	}
 
 	prop := &PolicyPropagator{
@@ -114,11 +115,18 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if o.DisableSnapshot {
 		return nil
 	}
+	m, err := registeredBackendMetrics()
+	if err != nil {
+		return fmt.Errorf("cannot register the backend metrics: %w", err)
+	}
 	poll := &SnapshotPoller{
 		Index:    reader(idxServed),
 		Tenants:  reader(tenServed),
+		Backends: reader(cbServed),
+		Pods:     mgr.GetClient(), // metadata-only pod informer (PartialObjectMetadata)
 		Writer:   mgr.GetClient(),
 		Server:   o.Server,
+		Metrics:  m,
 		Interval: o.SnapshotInterval,
 	}
 	b = ctrl.NewControllerManagedBy(mgr).

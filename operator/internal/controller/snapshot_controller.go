@@ -2,9 +2,13 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,11 +17,15 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 )
 
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cacheindices,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cacheindices/status;cachetenants/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // SnapshotPoller reads the routing server's /snapshot and projects it into
 // CacheIndex cluster-default and into every CacheTenant's status.
@@ -33,7 +41,13 @@ import (
 //     lastUpdated moves only then;
 //  3. resolves CacheTenant ownership the same way the PolicyPropagator does
 //     (ResolveTenants) and writes each CacheTenant's status (TenantStatus)
-//     when it changed.
+//     when it changed;
+//  4. attributes the snapshot's replicas to CacheBackends through their
+//     engine pods (AttributeReplicas), writes each backend's
+//     status.indexParticipation when it changed (a merge patch of that one
+//     field; the rest of CacheBackend status is not the poller's), and sets
+//     the tier-2 metrics (BackendMetrics). A backend whose namespace's pods
+//     could not be listed this pass is left untouched, status and series.
 //
 // A kind whose CRD is not installed is skipped without logging an error.
 type SnapshotPoller struct {
@@ -44,10 +58,22 @@ type SnapshotPoller struct {
 	Writer  client.Client
 	// Server is the routing server client.
 	Server *ServerClient
+	// Backends lists CacheBackends and Pods lists pod metadata (labels and
+	// annotations, a metadata-only cache) for replica attribution; either nil
+	// skips step 4.
+	Backends client.Reader
+	Pods     client.Reader
+	// Metrics receives the tier-2 series; nil drives none.
+	Metrics *BackendMetrics
 	// Interval is the polling period (default 30 s).
 	Interval time.Duration
 	// Now returns the current time; nil means time.Now. Tests pin it.
 	Now func() time.Time
+
+	// lastQueries is each backend's cumulative tier-2 query tokens at the
+	// previous poll, for the counter's deltas. Only Reconcile reads or writes
+	// it and the controller runs a single worker, so it has no lock.
+	lastQueries map[string]int64
 }
 
 // SnapshotKey is the single work item of the SnapshotPoller.
@@ -61,11 +87,13 @@ func (r *SnapshotPoller) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	// A failure on the CacheIndex does not hold back the CacheTenants.
+	// A failure on the CacheIndex or the backends does not hold back the
+	// CacheTenants.
 	idxErr := r.writeIndex(ctx, ProjectIndex(&snap, r.Server.BaseURL))
 	if kindMissing(idxErr) {
 		idxErr = nil
 	}
+	idxErr = errors.Join(idxErr, r.writeBackends(ctx, &snap))
 
 	var tens v1alpha1.CacheTenantList
 	if err := r.Tenants.List(ctx, &tens); err != nil {
@@ -137,4 +165,97 @@ func (r *SnapshotPoller) now() time.Time {
 		return r.Now()
 	}
 	return time.Now()
+}
+
+// writeBackends is step 4 of Reconcile.
+func (r *SnapshotPoller) writeBackends(ctx context.Context, snap *controlapi.CacheSnapshot) error {
+	if r.Backends == nil || r.Pods == nil {
+		return nil
+	}
+	var backends v1alpha1.CacheBackendList
+	if err := r.Backends.List(ctx, &backends); err != nil {
+		if kindMissing(err) {
+			return nil
+		}
+		return err
+	}
+	var errs []error
+	pods := map[types.NamespacedName]PodMeta{}
+	tainted := map[string]bool{}
+	listed := map[string]bool{}
+	for i := range snap.Replicas {
+		ns := snap.Replicas[i].Tenant
+		if ns == "" || listed[ns] {
+			continue
+		}
+		listed[ns] = true
+		var pl metav1.PartialObjectMetadataList
+		pl.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := r.Pods.List(ctx, &pl, client.InNamespace(ns)); err != nil {
+			tainted[ns] = true
+			errs = append(errs, fmt.Errorf("cannot list pods in %s to attribute replicas: %w", ns, err))
+			continue
+		}
+		maps.Copy(pods, podMetaOf(pl.Items))
+	}
+	groups := AttributeReplicas(snap, backends.Items, pods)
+	if r.lastQueries == nil {
+		r.lastQueries = map[string]int64{}
+	}
+	live := map[string]bool{}
+	for i := range backends.Items {
+		b := &backends.Items[i]
+		key := b.Namespace + "/" + b.Name
+		live[key] = true
+		if tainted[b.Namespace] {
+			continue
+		}
+		p, hits, queries := Participation(groups[key])
+		if !equality.Semantic.DeepEqual(b.Status.IndexParticipation, &p) {
+			if err := r.patchParticipation(ctx, b, &p); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+		}
+		if r.Metrics == nil {
+			continue
+		}
+		if len(groups[key]) == 0 || queries == 0 {
+			r.Metrics.delete(key)
+			delete(r.lastQueries, key)
+			continue
+		}
+		r.Metrics.HitRate.WithLabelValues(key).Set(min(max(float64(hits)/float64(queries), 0), 1))
+		if d := queries - r.lastQueries[key]; d > 0 {
+			r.Metrics.QueryTokens.WithLabelValues(key).Add(float64(d))
+		}
+		r.lastQueries[key] = queries
+	}
+	for key := range r.lastQueries {
+		if !live[key] { // the backend was deleted
+			r.Metrics.delete(key)
+			delete(r.lastQueries, key)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// patchParticipation replaces status.indexParticipation with p through a
+// JSON merge patch that names every field, absent ones as null, so a field
+// that went away is removed.
+func (r *SnapshotPoller) patchParticipation(ctx context.Context, b *v1alpha1.CacheBackend, p *v1alpha1.IndexParticipation) error {
+	field := map[string]any{"prefixCount": p.PrefixCount, "lastEventAt": nil, "hitRate": nil, "t2HitRate": nil}
+	if p.LastEventAt != nil {
+		field["lastEventAt"] = p.LastEventAt
+	}
+	if p.HitRate != nil {
+		field["hitRate"] = *p.HitRate
+	}
+	if p.T2HitRate != nil {
+		field["t2HitRate"] = *p.T2HitRate
+	}
+	data, err := json.Marshal(map[string]any{"status": map[string]any{"indexParticipation": field}})
+	if err != nil {
+		return fmt.Errorf("cannot encode indexParticipation of %s/%s: %w", b.Namespace, b.Name, err)
+	}
+	return r.Writer.Status().Patch(ctx, b, client.RawPatch(types.MergePatchType, data))
 }

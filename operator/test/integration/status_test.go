@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
@@ -167,4 +169,101 @@ func TestCacheTenantStatus(t *testing.T) {
 	// The owner goes away: the former shadow owns the id.
 	wantOK(t, "delete owner", k8s.Delete(ctx, owner))
 	check(shadow, want{12, metav1.ConditionTrue, v1alpha1.ReasonObserved, v1alpha1.ReasonWithinBudget, metav1.ConditionFalse, "12 index entries"})
+}
+
+// metricValue reads one series of the controller-runtime registry; ok is
+// false when the series does not exist.
+func metricValue(name, backend string) (float64, bool) {
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		return 0, false
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "backend" && l.GetValue() == backend {
+					if m.GetCounter() != nil {
+						return m.GetCounter().GetValue(), true
+					}
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+func TestCacheBackendParticipationAndT2Metrics(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "st-backend", false)
+	cb := backendObj(ns, "lmcache", v1alpha1.BackendLMCache, "")
+	cb.Spec.EngineSelector = &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "llama"}}
+	wantOK(t, "backend", k8s.Create(ctx, cb))
+	for _, name := range []string{"vllm-0", "vllm-1"} {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "llama"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+		}
+		wantOK(t, "pod "+name, k8s.Create(ctx, pod))
+	}
+	t0 := time.Date(2026, 11, 30, 11, 0, 0, 0, time.UTC)
+	setSnap := func(q0, h0 int64, withReplicas bool) {
+		snap := &controlapi.CacheSnapshot{Replicas: []controlapi.ReplicaSnapshot{}, Tenants: []controlapi.TenantSnapshot{}}
+		if withReplicas {
+			snap.Replicas = []controlapi.ReplicaSnapshot{
+				{ReplicaID: "vllm-0", Tenant: ns, PrefixCount: 3, LastEventAt: t0, T2QueryTokens: q0, T2HitTokens: h0},
+				{ReplicaID: "vllm-1", Tenant: ns, PrefixCount: 2, LastEventAt: t0.Add(time.Minute), T2QueryTokens: 100, T2HitTokens: 50},
+				{ReplicaID: "stranger", Tenant: ns, PrefixCount: 9},
+			}
+		}
+		srv.snap.Store(snap)
+	}
+	key := ns + "/lmcache"
+	setSnap(100, 0, true)
+	eventually(t, propagationLimit, func() error {
+		var got v1alpha1.CacheBackend
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(cb), &got); err != nil {
+			return err
+		}
+		ip := got.Status.IndexParticipation
+		if ip == nil || ip.PrefixCount != 5 || ip.LastEventAt == nil || !ip.LastEventAt.Time.Equal(t0.Add(time.Minute)) || ip.T2HitRate == nil || *ip.T2HitRate != "0.25" {
+			return fmt.Errorf("indexParticipation %+v", ip)
+		}
+		if v, ok := metricValue("inferencecache_backend_t2_query_tokens_total", key); !ok || v != 200 {
+			return fmt.Errorf("query tokens %v %v", v, ok)
+		}
+		if v, ok := metricValue("inferencecache_backend_t2_hit_rate", key); !ok || v != 0.25 {
+			return fmt.Errorf("hit rate %v %v", v, ok)
+		}
+		return nil
+	})
+	setSnap(300, 150, true)
+	eventually(t, propagationLimit, func() error {
+		if v, _ := metricValue("inferencecache_backend_t2_query_tokens_total", key); v != 400 {
+			return fmt.Errorf("query tokens %v, want 400", v)
+		}
+		if v, _ := metricValue("inferencecache_backend_t2_hit_rate", key); v != 0.5 {
+			return fmt.Errorf("hit rate %v, want 0.5", v)
+		}
+		return nil
+	})
+	// The replicas drain: the series go, the participation reads zero.
+	setSnap(0, 0, false)
+	eventually(t, propagationLimit, func() error {
+		var got v1alpha1.CacheBackend
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(cb), &got); err != nil {
+			return err
+		}
+		ip := got.Status.IndexParticipation
+		if ip == nil || ip.PrefixCount != 0 || ip.LastEventAt != nil || ip.T2HitRate != nil {
+			return fmt.Errorf("indexParticipation %+v", ip)
+		}
+		if _, ok := metricValue("inferencecache_backend_t2_hit_rate", key); ok {
+			return fmt.Errorf("stale hit-rate series")
+		}
+		return nil
+	})
 }
