@@ -128,7 +128,7 @@ func PolicyStatus(cp *v1alpha1.CachePolicy, cur v1alpha1.CachePolicyStatus, v Po
 	switch v.Reason {
 	case v1alpha1.ReasonAccepted:
 		c.Status = metav1.ConditionTrue
-		c.Message = fmt.Sprintf("governs namespace %q: pushed to the routing server as the policy of tenant %q", cp.Namespace, cp.Namespace)
+		c.Message = fmt.Sprintf("governs namespace %q: the controller pushes it to the routing server as the policy of tenant %q", cp.Namespace, cp.Namespace)
 	case v1alpha1.ReasonConflicted:
 		c.Status = metav1.ConditionFalse
 		c.Message = fmt.Sprintf("CachePolicy %q governs namespace %q (the first valid policy by name wins); this one is not applied: merge its settings into %q and delete it",
