@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -141,24 +143,17 @@ func (r *PolicyPropagator) announce(cp, before *v1alpha1.CachePolicy, v PolicyVe
 	if r.Recorder == nil || v.Reason == v1alpha1.ReasonAccepted {
 		return
 	}
-	now := findCondition(cp.Status.Conditions, v1alpha1.ConditionAccepted)
-	old := findCondition(before.Status.Conditions, v1alpha1.ConditionAccepted)
-	if old != nil && now != nil && old.Reason == now.Reason && old.Message == now.Message {
+	now := meta.FindStatusCondition(cp.Status.Conditions, v1alpha1.ConditionAccepted)
+	old := meta.FindStatusCondition(before.Status.Conditions, v1alpha1.ConditionAccepted)
+	if now == nil || old != nil && old.Reason == now.Reason && old.Message == now.Message {
 		return
 	}
-	var related *v1alpha1.CachePolicy
+	var related runtime.Object // the governing policy, for Conflicted
 	if v.Reason == v1alpha1.ReasonConflicted {
-		related = &v1alpha1.CachePolicy{}
-		related.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("CachePolicy"))
-		related.Namespace, related.Name = v.Winner.Namespace, v.Winner.Name
+		w := &v1alpha1.CachePolicy{}
+		w.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("CachePolicy"))
+		w.Namespace, w.Name = v.Winner.Namespace, v.Winner.Name
+		related = w
 	}
-	msg := ""
-	if now != nil {
-		msg = now.Message
-	}
-	if related != nil {
-		r.Recorder.Eventf(cp, related, corev1.EventTypeWarning, v.Reason, "Resolve", "%s", msg)
-	} else {
-		r.Recorder.Eventf(cp, nil, corev1.EventTypeWarning, v.Reason, "Resolve", "%s", msg)
-	}
+	r.Recorder.Eventf(cp, related, corev1.EventTypeWarning, v.Reason, "Resolve", "%s", now.Message)
 }

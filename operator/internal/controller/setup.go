@@ -18,7 +18,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -183,8 +182,4 @@ func isKindNotFound(err error) bool {
 	}
 	d := st.Status().Details
 	return d == nil || d.Name == ""
-}
-
-func findCondition(cs []metav1.Condition, typ string) *metav1.Condition {
-	return meta.FindStatusCondition(cs, typ)
 }

@@ -51,7 +51,7 @@ import (
 //
 // A kind whose CRD is not installed is skipped without logging an error.
 type SnapshotPoller struct {
-	// Reader reads CacheIndex and CacheTenants (cached or live, see
+	// Index and Tenants read CacheIndex and CacheTenants (cached or live, see
 	// PolicyPropagator.Policies); Writer creates CacheIndex and writes status.
 	Index   client.Reader
 	Tenants client.Reader
@@ -67,7 +67,7 @@ type SnapshotPoller struct {
 	Metrics *BackendMetrics
 	// Interval is the polling period (default 30 s).
 	Interval time.Duration
-	// Now returns the current time; nil means time.Now. Tests pin it.
+	// Now returns the current time (for lastUpdated); nil means time.Now.
 	Now func() time.Time
 
 	// lastQueries is each backend's cumulative tier-2 query tokens at the
