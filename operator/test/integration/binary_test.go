@@ -121,8 +121,9 @@ func TestControllerBinary(t *testing.T) {
 		}
 	}()
 
+	hc := &http.Client{Timeout: 5 * time.Second}
 	get := func(url string) (int, string, error) {
-		resp, err := http.Get(url) //nolint:noctx // bounded by the client timeout below
+		resp, err := hc.Get(url) //nolint:noctx // bounded by the client timeout
 		if err != nil {
 			return 0, "", err
 		}
@@ -130,7 +131,6 @@ func TestControllerBinary(t *testing.T) {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 		return resp.StatusCode, string(b), nil
 	}
-	http.DefaultClient.Timeout = 5 * time.Second
 	eventually(t, 60*time.Second, func() error {
 		code, _, err := get("http://127.0.0.1:" + probePort + "/readyz")
 		if err != nil || code != http.StatusOK {
