@@ -188,3 +188,25 @@ func TestBodyDecodesOnServer(t *testing.T) {
 		t.Fatalf("empty body refused: %v (%s)", err, raw)
 	}
 }
+
+// TestInvalidFieldsNameTheField: every field the server cannot honor makes
+// the policy Invalid, and the verdict names that field.
+func TestInvalidFieldsNameTheField(t *testing.T) {
+	f := func(mut func(*v1alpha1.CachePolicySpec), field string) {
+		t.Helper()
+		wire, verdicts := ResolvePolicies([]v1alpha1.CachePolicy{cpol("ns", "p", mut)})
+		v := verdicts[nsKey("ns", "p")]
+		if len(wire) != 0 || v.Reason != v1alpha1.ReasonInvalid || len(v.Errors) != 1 || v.Errors[0].Field != field {
+			t.Errorf("%s: wire %v, verdict %+v", field, wire, v)
+		}
+	}
+	f(func(s *v1alpha1.CachePolicySpec) { s.RoutingFloorScore = ptr("abc") }, "spec.routingFloorScore")
+	f(func(s *v1alpha1.CachePolicySpec) { s.RoutingFloorScore = ptr("-0.5") }, "spec.routingFloorScore")
+	f(func(s *v1alpha1.CachePolicySpec) { s.EvictionTTL = &metav1.Duration{Duration: -time.Hour} }, "spec.evictionTTL")
+	f(func(s *v1alpha1.CachePolicySpec) {
+		s.Strategy = &v1alpha1.CachePolicyStrategy{RequireChain: ptr(true), EnableChainMatching: ptr(false)}
+	}, "spec.strategy.requireChain")
+	f(func(s *v1alpha1.CachePolicySpec) { s.Eviction = "ARC" }, "spec.eviction")
+	f(func(s *v1alpha1.CachePolicySpec) { s.AffinityRouting = "Sometimes" }, "spec.affinityRouting")
+	f(func(s *v1alpha1.CachePolicySpec) { s.LookupTimeoutMs = ptr(int32(-1)) }, "spec.lookupTimeoutMs")
+}
