@@ -1,0 +1,97 @@
+// Command server is the inferencecache cache server: gRPC on :9090, the
+// public HTTP listener (/healthz, /readyz, /metrics) on :8080 and the
+// internal control listener (/policy, /snapshot, /probe) on :8081. The
+// wiring lives in package server; this file only maps flags and signals.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/inferencecache/inferencecache/server"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		os.Exit(1)
+	}
+}
+
+// run parses args, builds the server and serves until ctx ends. started,
+// when non-nil, receives the server once it serves (tests).
+func run(ctx context.Context, args []string, stderr io.Writer, started func(*server.Server)) error {
+	cfg := server.DefaultConfig()
+	var logFormat, logLevel string
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.GRPCAddr, "grpc-bind-address", cfg.GRPCAddr, "gRPC listen address")
+	fs.StringVar(&cfg.HTTPAddr, "http-bind-address", cfg.HTTPAddr, "public HTTP listen address (/healthz, /readyz, /metrics)")
+	fs.StringVar(&cfg.InternalAddr, "snapshot-bind-address", cfg.InternalAddr, "internal control listen address (/policy, /snapshot, /probe)")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "gRPC TLS certificate (PEM); set together with --tls-key-file")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "gRPC TLS private key (PEM); set together with --tls-cert-file")
+	fs.Int64Var(&cfg.MaxIndexEntries, "max-index-entries", cfg.MaxIndexEntries, "cap on replica x prefix entries (0 = unbounded)")
+	fs.Int64Var(&cfg.MaxIndexBytes, "max-index-bytes", 0, "cap on the index's accounted memory in bytes (0 = none)")
+	fs.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "engine KV block size in tokens, for fingerprinting token_ids")
+	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", cfg.SweepInterval, "TTL sweep period")
+	fs.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "serve /debug/pprof/ on the public HTTP listener")
+	fs.StringVar(&cfg.AllowedControllerSA, "allowed-controller-sa", "", "the only identity accepted on the control endpoints (system:serviceaccount:<ns>:<name>)")
+	fs.StringVar(&cfg.ControllerAudience, "controller-audience", cfg.ControllerAudience, "token audience for /snapshot and /probe")
+	fs.StringVar(&cfg.PolicyAudience, "policy-audience", cfg.PolicyAudience, "token audience for /policy")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for TokenReviews (empty: in-cluster config)")
+	fs.BoolVar(&cfg.InsecureDisableAuth, "insecure-disable-auth", false, "DEVELOPMENT ONLY: serve the control endpoints without auth")
+	fs.DurationVar(&cfg.KeepaliveTime, "grpc-keepalive-time", cfg.KeepaliveTime, "ping an idle client connection after this long")
+	fs.DurationVar(&cfg.KeepaliveTimeout, "grpc-keepalive-timeout", cfg.KeepaliveTimeout, "close a connection whose ping is not answered within this")
+	fs.DurationVar(&cfg.KeepaliveMinTime, "grpc-keepalive-min-time", cfg.KeepaliveMinTime, "reject clients that ping more often than this")
+	fs.IntVar(&cfg.MaxRecvMsgBytes, "grpc-max-recv-msg-bytes", cfg.MaxRecvMsgBytes, "largest gRPC request message accepted")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on the graceful drain after SIGTERM")
+	fs.StringVar(&logFormat, "log-format", "json", "log format: json or text")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("cannot parse --log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch logFormat {
+	case "json":
+		cfg.Logger = slog.New(slog.NewJSONHandler(stderr, opts))
+	case "text":
+		cfg.Logger = slog.New(slog.NewTextHandler(stderr, opts))
+	default:
+		return fmt.Errorf("--log-format must be json or text, got %q", logFormat)
+	}
+
+	srv, err := server.New(cfg)
+	if err != nil {
+		return err
+	}
+	if started != nil {
+		go func() {
+			select {
+			case <-srv.Ready():
+				started(srv)
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return srv.Run(ctx)
+}

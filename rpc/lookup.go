@@ -1,0 +1,478 @@
+package rpc
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"time"
+
+	"github.com/inferencecache/inferencecache/engine"
+	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/policy"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+)
+
+// lookupScratch is one LookupRoute call's reusable memory, pooled by the
+// Service. Nothing in a response points into it.
+type lookupScratch struct {
+	res engine.LookupResult
+	req engine.LookupRequest
+	in  lookupInput
+	// Fingerprint conversion of token ids: prefix hashes, their wire bytes,
+	// the [][]byte view over wire, and the per-block counts.
+	sums   []uint64
+	wire   []byte
+	hashes [][]byte
+	counts []int32
+	// seed is the affinity seed (contract §3.8).
+	seed []byte
+}
+
+// maxRetainedScratch bounds the buffers a pooled scratch keeps: a rare huge
+// request (say 2^20 token ids) must not pin megabytes in the pool.
+const maxRetainedScratch = 64 << 10
+
+func (s *Service) getScratch() *lookupScratch { return s.scratch.Get().(*lookupScratch) }
+
+func (s *Service) putScratch(sc *lookupScratch) {
+	// Drop references to the request and its tokens.
+	sc.req = engine.LookupRequest{}
+	sc.in = lookupInput{}
+	if cap(sc.wire) > maxRetainedScratch || cap(sc.seed) > maxRetainedScratch || cap(sc.sums) > maxRetainedScratch/8 {
+		sc.sums, sc.wire, sc.hashes, sc.counts, sc.seed = nil, nil, nil, nil, nil
+	}
+	s.scratch.Put(sc)
+}
+
+// lookupInput is the request's input after dual-input resolution (contract
+// §3.6): the chain to walk (empty for an exact lookup), the exact key and
+// its claimed token count, and the tokens to echo (prompt_text only).
+type lookupInput struct {
+	hashes     [][]byte
+	counts     []int32
+	exact      []byte
+	exactCount int32
+	echo       []uint32
+	failOpen   bool
+	timeout    bool
+	// computed is set on the token_ids and prompt_text paths.
+	computed bool
+}
+
+// LookupRoute answers which replicas hold the request's prefix, in the exact
+// evaluation order of contract §2.2:
+//
+//  1. the reserved probe tenant gets NO_HINT (metric latency 0);
+//  2. the tenant's lookupTimeoutMs sets a budget from handler entry;
+//  3. a caller context already done is TIMEOUT;
+//  4. requireChain without a valid wire chain is POLICY_REQUIRES_CHAIN;
+//  5. input resolution (chain > token_ids > prompt_text); fail-open NO_HINT;
+//  6. below minimumPrefixTokens with affinity disabled: NO_HINT, no lookup;
+//  7. enableChainMatching=false strips the chain (done in step 5);
+//  8. the index lookup;
+//  9. caller deadline or budget passed: TIMEOUT;
+//  10. TENANT_HOT with enableTenantHot=false: NO_HINT;
+//  11. result gates: minimumPrefixTokens downgrade, matched-tokens floor,
+//     routing floor, then the affinity fallback, LFU credit and the reason.
+//
+// Deadlines are checked, not enforced by preemption: the index lookup is
+// lock-free and bounded (microseconds), so the handler runs it inline and
+// re-checks the caller's context and the budget afterwards (step 9) instead
+// of paying a goroutine and a derived context per call. The answer is the
+// same TIMEOUT; it can only arrive later than the deadline by the duration
+// of one index lookup. Only the prompt_text path, whose tokenizer may be
+// slow, runs bounded by a context.
+func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (*pb.LookupRouteResponse, error) {
+	start := s.now()
+	tenant, model := req.GetTenantId(), req.GetModelId()
+
+	// 1. The probe's scope is server-internal: never serve it.
+	if tenant == policy.ReservedTenantID {
+		s.observer.ObserveLookup(model, ReasonNoHint, false, 0)
+		return &pb.LookupRouteResponse{ReasonCode: ReasonNoHint}, nil
+	}
+
+	// 2. The budget is an absolute deadline from handler entry; the
+	// caller's own deadline lives in ctx.
+	pt := s.policies.Load().Tenant(tenant)
+	var budgetEnd time.Time
+	if pt.LookupTimeout > 0 {
+		budgetEnd = start.Add(pt.LookupTimeout)
+	}
+
+	// 3.
+	if ctx.Err() != nil {
+		return s.emptyResponse(model, ReasonTimeout, start, nil), nil
+	}
+
+	// 4. Checked on the wire fields, before any resolution.
+	if pt.RequireChain && !validWireChain(req) {
+		return s.emptyResponse(model, ReasonPolicyRequiresChain, start, nil), nil
+	}
+
+	sc := s.getScratch()
+	defer s.putScratch(sc)
+
+	// 5. (and 7.)
+	in := &sc.in
+	s.resolveInput(ctx, req, pt, budgetEnd, sc)
+	// Only the fingerprint and tokenizer paths take measurable time; the
+	// budget is re-read after them alone (step 9 covers the rest).
+	if in.timeout || ctx.Err() != nil || (in.computed && expired(budgetEnd, s.now())) {
+		return s.emptyResponse(model, ReasonTimeout, start, in.echo), nil
+	}
+	if in.failOpen {
+		return s.emptyResponse(model, ReasonNoHint, start, in.echo), nil
+	}
+
+	// 6.
+	eff := effectivePrefixTokens(in.counts, in.exactCount)
+	belowMin := pt.MinimumPrefixTokens > 0 && eff < int64(pt.MinimumPrefixTokens)
+	if belowMin && !pt.AffinityRouting {
+		return s.emptyResponse(model, ReasonNoHint, start, in.echo), nil
+	}
+
+	// 8.
+	sc.req = engine.LookupRequest{
+		TenantID:         tenant,
+		ModelID:          model,
+		HashScheme:       req.GetHashScheme(),
+		AdapterID:        req.GetAdapterId(),
+		PrefixHash:       in.exact,
+		BlockHashes:      in.hashes,
+		BlockTokenCounts: in.counts,
+		SLOTTFTMs:        req.GetSlo().GetTtftMs(),
+	}
+	res := &sc.res
+	s.index.LookupRoute(&sc.req, start.UnixMicro(), res)
+
+	// 9. A result that arrives after the deadline is discarded (and
+	// credits nothing).
+	if ctx.Err() != nil || expired(budgetEnd, s.now()) {
+		return s.emptyResponse(model, ReasonTimeout, start, in.echo), nil
+	}
+
+	strategy := res.Strategy
+	// 10. The seed system sets StrategyNone here, which under enabled
+	// affinity can still turn into AFFINITY_HINT; the documents
+	// (policy-propagation.md: "tenant-hot disabled downgrades tenant-hot
+	// results to NO_HINT") say NO_HINT, and we follow the documents: the
+	// downgrade is final and skips the affinity fallback.
+	if strategy == engine.StrategyTenantHot && !pt.EnableTenantHot {
+		return s.indexedResponse(req, model, ReasonNoHint, nil, start, in.echo), nil
+	}
+
+	// 11a. Tiny prompts never surface a positive hint.
+	if belowMin && (strategy == engine.StrategyPrefixMatch || strategy == engine.StrategyTenantHot) {
+		strategy = engine.StrategyNone
+	}
+	if strategy == engine.StrategyPrefixMatch {
+		// 11b. Matched-tokens floor, per replica, in place (order kept).
+		if floor := pt.MinimumMatchedTokens; floor > 0 {
+			kept := res.Scores[:0]
+			for _, x := range res.Scores {
+				if x.MatchedTokens >= floor {
+					kept = append(kept, x)
+				}
+			}
+			res.Scores = kept
+			if len(kept) == 0 {
+				strategy = engine.StrategyNone
+			}
+		}
+		// 11c. Routing floor on the top survivor.
+		if strategy == engine.StrategyPrefixMatch && pt.RoutingFloorScore > 0 && res.Scores[0].Score < pt.RoutingFloorScore {
+			strategy = engine.StrategyNone
+		}
+	}
+
+	// 11d. The consistent-hash fallback on the None branch.
+	if strategy == engine.StrategyNone {
+		if rid, ok := s.affinity(req, pt, sc); ok {
+			return s.affinityResponse(req, model, rid, start, in.echo), nil
+		}
+		return s.indexedResponse(req, model, ReasonNoHint, nil, start, in.echo), nil
+	}
+
+	// 11e. Delivered: credit LFU (prefix matches only) and answer.
+	var scores []engine.Score
+	switch strategy {
+	case engine.StrategyPrefixMatch:
+		s.index.Credit(res)
+		scores = res.Scores
+	case engine.StrategyTenantHot:
+		scores = res.Scores
+	}
+	return s.indexedResponse(req, model, strategy.String(), scores, start, in.echo), nil
+}
+
+// validWireChain is step 4's notion of a chain: block_hashes non-empty and
+// as long as block_token_counts.
+func validWireChain(req *pb.LookupRouteRequest) bool {
+	n := len(req.GetBlockHashes())
+	return n > 0 && n == len(req.GetBlockTokenCounts())
+}
+
+// expired reports whether a budget deadline is set and now is past it.
+func expired(end, now time.Time) bool { return !end.IsZero() && now.After(end) }
+
+// effectivePrefixTokens is contract §3.6: the sum of the resolved chain's
+// counts when it is non-empty, else the exact count (prefix_token_count, or
+// the token sum on the token_ids and prompt_text paths). The sum is taken in
+// 64 bits so a hostile chain cannot wrap it.
+func effectivePrefixTokens(counts []int32, exactCount int32) int64 {
+	if len(counts) == 0 {
+		return int64(exactCount)
+	}
+	var sum int64
+	for _, c := range counts {
+		sum += int64(c)
+	}
+	return sum
+}
+
+// resolveInput is step 5, the dual-input resolution of contract §3.6, with
+// step 7 folded in (chain fields never reach the index when chain matching
+// is disabled). It fills sc.in.
+//
+//  1. An explicit prefix_hash or chain is passed through; an unbalanced
+//     chain fails open. With chain matching disabled, a set prefix_hash is
+//     used alone and a chain-only request falls through to 2 and 3 (and
+//     fails open if neither is set).
+//  2. token_ids (at most MaxLookupTokens) are fingerprinted; fewer than one
+//     block fails open.
+//  3. prompt_text is tokenized, then as 2; the tokens are echoed.
+func (s *Service) resolveInput(ctx context.Context, req *pb.LookupRouteRequest, pt *policy.Tenant, budgetEnd time.Time, sc *lookupScratch) {
+	in := &sc.in
+	bh, btc := req.GetBlockHashes(), req.GetBlockTokenCounts()
+	exact := req.GetPrefixHash()
+	ignoredChain := false
+	if !pt.EnableChainMatching {
+		if len(exact) > 0 {
+			*in = lookupInput{exact: exact, exactCount: req.GetPrefixTokenCount()}
+			return
+		}
+		if len(bh) > 0 || len(btc) > 0 {
+			ignoredChain = true
+			bh, btc = nil, nil
+		}
+	}
+	if len(bh) > 0 || len(btc) > 0 || len(exact) > 0 {
+		if len(bh) != len(btc) {
+			in.failOpen = true
+			return
+		}
+		*in = lookupInput{hashes: bh, counts: btc, exact: exact, exactCount: req.GetPrefixTokenCount()}
+		return
+	}
+	if toks := req.GetTokenIds(); len(toks) > 0 {
+		if len(toks) > MaxLookupTokens {
+			in.failOpen = true
+			return
+		}
+		s.fingerprintInput(toks, pt.EnableChainMatching, sc)
+		return
+	}
+	if text := req.GetPromptText(); text != "" {
+		s.tokenizeInput(ctx, req.GetModelId(), text, pt, budgetEnd, sc)
+		return
+	}
+	if ignoredChain {
+		in.failOpen = true
+		return
+	}
+	// No input at all: an exact lookup of the empty key, which misses and
+	// may still fall back to TENANT_HOT (the seed system's behavior).
+	*in = lookupInput{exactCount: req.GetPrefixTokenCount()}
+}
+
+// fingerprintInput resolves token ids into the scratch chain: 8-byte
+// big-endian wire hashes with blockSize tokens each; the exact key is the
+// last block's hash and its count the token sum. Less than one full block
+// fails open. With chain matching disabled only the exact key is kept.
+func (s *Service) fingerprintInput(toks []uint32, chainOn bool, sc *lookupScratch) {
+	in := &sc.in
+	in.computed = true
+	sc.sums = fingerprint.AppendChain(sc.sums[:0], toks, s.blockSize, 0, false)
+	n := len(sc.sums)
+	if n == 0 {
+		in.failOpen = true
+		return
+	}
+	wire := sc.wire[:0]
+	for _, h := range sc.sums {
+		wire = fingerprint.AppendWire(wire, h)
+	}
+	sc.wire = wire
+	hashes, counts := sc.hashes[:0], sc.counts[:0]
+	for i := 0; i < n; i++ {
+		hashes = append(hashes, wire[i*fingerprint.WireSize:(i+1)*fingerprint.WireSize:(i+1)*fingerprint.WireSize])
+		counts = append(counts, int32(s.blockSize))
+	}
+	sc.hashes, sc.counts = hashes, counts
+	in.exact = hashes[n-1]
+	in.exactCount = int32(min(int64(n)*int64(s.blockSize), math.MaxInt32))
+	if chainOn {
+		in.hashes, in.counts = hashes, counts
+	}
+}
+
+// tokenizeInput is the prompt_text path. Without a tokenizer it fails open
+// (counted, and logged at most once a minute). With one, tokenization runs
+// bounded by the tightest of the caller's deadline, the tenant budget and,
+// when neither is set, DefaultTokenizeTimeout; at most
+// MaxConcurrentTokenize run at once and a busy tokenizer sheds to NO_HINT.
+func (s *Service) tokenizeInput(ctx context.Context, model, text string, pt *policy.Tenant, budgetEnd time.Time, sc *lookupScratch) {
+	in := &sc.in
+	in.computed = true
+	if len(text) > MaxPromptTextBytes || s.tokenizer == nil {
+		s.promptFailedOpen(s.tokenizer == nil)
+		in.failOpen = true
+		return
+	}
+	select {
+	case s.tokenizeSem <- struct{}{}:
+	default:
+		s.promptFailedOpen(false)
+		in.failOpen = true
+		return
+	}
+	var cancel context.CancelFunc
+	switch _, has := ctx.Deadline(); {
+	case !budgetEnd.IsZero():
+		ctx, cancel = context.WithDeadline(ctx, budgetEnd)
+	case !has:
+		ctx, cancel = context.WithTimeout(ctx, s.tokTO)
+	default:
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	defer cancel()
+	type result struct {
+		toks []uint32
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() { <-s.tokenizeSem }()
+		toks, err := s.tokenizer.Encode(ctx, model, text)
+		done <- result{toks, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		in.timeout = true
+		return
+	}
+	if ctx.Err() != nil {
+		in.timeout = true
+		in.echo = r.toks
+		return
+	}
+	if r.err != nil || len(r.toks) == 0 || len(r.toks) > MaxLookupTokens {
+		s.promptFailedOpen(false)
+		in.failOpen = true
+		return
+	}
+	s.fingerprintInput(r.toks, pt.EnableChainMatching, sc)
+	// Echo the tokens whatever the outcome, so a tokenizer-less gateway can
+	// forward exactly what was fingerprinted.
+	in.echo = r.toks
+}
+
+// promptFailedOpen counts a prompt_text fail-open and logs at most once a
+// minute.
+func (s *Service) promptFailedOpen(noTokenizer bool) {
+	n := s.promptFailOpen.Add(1)
+	now := s.now().UnixNano()
+	last := s.lastPromptLog.Load()
+	if now-last < int64(time.Minute) || !s.lastPromptLog.CompareAndSwap(last, now) {
+		return
+	}
+	if noTokenizer {
+		s.log.Warn("prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n)
+	} else {
+		s.log.Warn("prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n)
+	}
+}
+
+// affinity is step 11d: a consistent-hash pick among the replicas serving
+// (tenant, model, scheme), when the tenant enables affinity routing, the
+// three keys are set, the wire chain is balanced (or absent), and the
+// resolved input yields a seed (contract §3.8).
+func (s *Service) affinity(req *pb.LookupRouteRequest, pt *policy.Tenant, sc *lookupScratch) (string, bool) {
+	if !pt.AffinityRouting || req.GetTenantId() == "" || req.GetModelId() == "" || req.GetHashScheme() == "" {
+		return "", false
+	}
+	if len(req.GetBlockHashes()) != len(req.GetBlockTokenCounts()) {
+		return "", false
+	}
+	seed := appendAffinitySeed(sc.seed[:0], &sc.in)
+	sc.seed = seed
+	if len(seed) == 0 {
+		return "", false
+	}
+	return s.index.AffinityHint(req.GetTenantId(), req.GetModelId(), req.GetHashScheme(), seed)
+}
+
+// appendAffinitySeed appends the seed of contract §3.8: for a non-empty
+// resolved chain, each hash as a 4-byte big-endian length and its bytes;
+// otherwise the resolved exact prefix hash; otherwise nothing.
+func appendAffinitySeed(dst []byte, in *lookupInput) []byte {
+	if len(in.hashes) > 0 {
+		for _, h := range in.hashes {
+			dst = binary.BigEndian.AppendUint32(dst, uint32(len(h)))
+			dst = append(dst, h...)
+		}
+		return dst
+	}
+	return append(dst, in.exact...)
+}
+
+// emptyResponse answers before the index is consulted (TIMEOUT,
+// POLICY_REQUIRES_CHAIN, input fail-open, the minimum-prefix short-circuit):
+// no scores and no adapter echo.
+func (s *Service) emptyResponse(model, reason string, start time.Time, echo []uint32) *pb.LookupRouteResponse {
+	elapsed := s.now().Sub(start)
+	s.observer.ObserveLookup(model, reason, false, elapsed)
+	return &pb.LookupRouteResponse{ReasonCode: reason, LookupLatencyUs: elapsed.Microseconds(), TokenIds: echo}
+}
+
+// indexedResponse answers after the index was consulted: ranked scores (if
+// any) and the request's adapter partition echoed.
+func (s *Service) indexedResponse(req *pb.LookupRouteRequest, model, reason string, scores []engine.Score, start time.Time, echo []uint32) *pb.LookupRouteResponse {
+	resp := &pb.LookupRouteResponse{ReasonCode: reason, TokenIds: echo, AdapterId: req.GetAdapterId()}
+	if n := len(scores); n > 0 {
+		// Two allocations for all the scores: the pointer slice and one
+		// backing array of messages.
+		ptrs := make([]*pb.ReplicaScore, n)
+		vals := make([]pb.ReplicaScore, n)
+		for i := range scores {
+			v := &vals[i]
+			v.ReplicaId = scores[i].ReplicaID
+			v.Score = scores[i].Score
+			v.MatchedTokens = scores[i].MatchedTokens
+			v.EstimatedCacheHitProb = scores[i].Prob
+			v.Tier = pb.CacheTier(scores[i].Tier.Wire())
+			ptrs[i] = v
+		}
+		resp.ReplicaScores = ptrs
+	}
+	elapsed := s.now().Sub(start)
+	resp.LookupLatencyUs = elapsed.Microseconds()
+	s.observer.ObserveLookup(model, reason, len(scores) > 0, elapsed)
+	return resp
+}
+
+// affinityResponse is AFFINITY_HINT: one replica, every score field zero.
+func (s *Service) affinityResponse(req *pb.LookupRouteRequest, model, replica string, start time.Time, echo []uint32) *pb.LookupRouteResponse {
+	elapsed := s.now().Sub(start)
+	s.observer.ObserveLookup(model, ReasonAffinityHint, true, elapsed)
+	return &pb.LookupRouteResponse{
+		ReasonCode:      ReasonAffinityHint,
+		ReplicaScores:   []*pb.ReplicaScore{{ReplicaId: replica}},
+		LookupLatencyUs: elapsed.Microseconds(),
+		TokenIds:        echo,
+		AdapterId:       req.GetAdapterId(),
+	}
+}

@@ -1,0 +1,135 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"github.com/inferencecache/inferencecache/engine"
+	"github.com/inferencecache/inferencecache/policy"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+)
+
+// ReportCacheState ingests a client stream of additive CacheStateUpdate
+// deltas (contract §1.2) and answers one Ack{accepted: true} when the client
+// half-closes. Updates for the reserved probe tenant are dropped silently.
+// Malformed content (unbalanced chains, empty or oversized hashes, NaN
+// stats, unknown tiers) is the index's to drop or normalize; it never fails
+// the stream. A receive error other than the half-close ends the call with
+// that error.
+//
+// The stream reuses one message and one engine.Update (with its prefix
+// slice) for all its updates: the index copies what it keeps.
+func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServer) error {
+	var (
+		msg pb.CacheStateUpdate
+		cv  updateConverter
+	)
+	for {
+		if err := stream.RecvMsg(&msg); err != nil {
+			if errors.Is(err, io.EOF) {
+				return stream.SendAndClose(&pb.Ack{Accepted: true})
+			}
+			return err
+		}
+		if msg.GetTenantId() == policy.ReservedTenantID {
+			continue
+		}
+		s.index.Ingest(cv.convert(&msg), s.now().UnixMicro())
+	}
+}
+
+// updateConverter turns CacheStateUpdates into engine.Updates, reusing its
+// memory between calls. The result aliases the message's slices and is valid
+// until the next convert.
+type updateConverter struct {
+	u        engine.Update
+	prefixes []engine.PrefixEntry
+	stats    engine.ReplicaStats
+}
+
+func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
+	clear(c.prefixes) // drop the previous message's references
+	ps := c.prefixes[:0]
+	for _, p := range m.GetPrefixes() {
+		ps = append(ps, engine.PrefixEntry{
+			PrefixHash:       p.GetPrefixHash(),
+			TokenCount:       p.GetTokenCount(),
+			BlockHashes:      p.GetBlockHashes(),
+			BlockTokenCounts: p.GetBlockTokenCounts(),
+			Tier:             int32(p.GetTier()),
+			AdapterID:        p.GetAdapterId(),
+		})
+	}
+	c.prefixes = ps
+	c.u = engine.Update{
+		// The top-level replica id is the index key; stats.replica_id is
+		// not trusted for identity.
+		ReplicaID:   m.GetReplicaId(),
+		ModelID:     m.GetModelId(),
+		TenantID:    m.GetTenantId(),
+		HashScheme:  m.GetHashScheme(),
+		TimestampUs: m.GetTimestampUs(),
+		Prefixes:    ps,
+		AdapterID:   m.GetAdapterId(),
+	}
+	if st := m.GetStats(); st != nil {
+		// client_version is accepted and not stored; the index clamps
+		// non-finite rates to 0.
+		c.stats = engine.ReplicaStats{
+			CacheMemoryBytes: st.GetCacheMemoryBytes(),
+			HitRate:          st.GetHitRate(),
+			Pressure:         st.GetPressure(),
+			T2HitTokens:      st.GetT2HitTokens(),
+			T2QueryTokens:    st.GetT2QueryTokens(),
+		}
+		c.u.Stats = &c.stats
+	}
+	return &c.u
+}
+
+// PublishEvent applies one CacheEvent (contract §1.2) and always answers
+// Ack{accepted: true}. Events for the reserved probe tenant are acknowledged
+// and not applied; PREFIX_ADDED and unknown types are no-ops.
+func (s *Service) PublishEvent(_ context.Context, ev *pb.CacheEvent) (*pb.Ack, error) {
+	if ev.GetTenantId() != policy.ReservedTenantID {
+		s.index.ApplyEvent(&engine.Event{
+			Type:        engine.EventType(ev.GetType()),
+			ReplicaID:   ev.GetReplicaId(),
+			ModelID:     ev.GetModelId(),
+			TenantID:    ev.GetTenantId(),
+			PrefixHash:  ev.GetPrefixHash(),
+			TimestampUs: ev.GetTimestampUs(),
+			AdapterID:   ev.GetAdapterId(),
+		}, s.now().UnixMicro())
+	}
+	return &pb.Ack{Accepted: true}, nil
+}
+
+// GetCacheState reports the stats of the (tenant, model)'s replicas that
+// reported stats, sorted by replica id, and the summary: total_prefixes is
+// the (tenant, model)'s distinct key count (as the seed system counts it:
+// every key, across schemes and adapters, swept or not yet), hot_prefixes
+// always 0. The reserved tenant reads as empty.
+func (s *Service) GetCacheState(_ context.Context, req *pb.GetCacheStateRequest) (*pb.GetCacheStateResponse, error) {
+	if req.GetTenantId() == policy.ReservedTenantID {
+		return &pb.GetCacheStateResponse{Summary: &pb.CacheSummary{}}, nil
+	}
+	views, keys := s.index.ModelState(req.GetTenantId(), req.GetModelId())
+	resp := &pb.GetCacheStateResponse{Summary: &pb.CacheSummary{TotalPrefixes: keys}}
+	if len(views) > 0 {
+		resp.Replicas = make([]*pb.ReplicaStats, len(views))
+		vals := make([]pb.ReplicaStats, len(views))
+		for i := range views {
+			v := &vals[i]
+			v.ReplicaId = views[i].ReplicaID
+			v.CacheMemoryBytes = views[i].CacheMemoryBytes
+			v.HitRate = views[i].HitRate
+			v.Pressure = views[i].Pressure
+			v.T2HitTokens = views[i].T2HitTokens
+			v.T2QueryTokens = views[i].T2QueryTokens
+			resp.Replicas[i] = v
+		}
+	}
+	return resp, nil
+}

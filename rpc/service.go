@@ -1,0 +1,218 @@
+// Package rpc is the server side of the gRPC contract
+// (inferencecache.v1alpha1.InferenceCache, generated into rpc/gen): the
+// Service that answers gateways (LookupRoute, GetCacheState) and engine-side
+// producers (ReportCacheState, PublishEvent) from the index, plus the
+// fail-open stubs the contract still ships (RenderTemplate, LookupPDRoute,
+// StreamCacheEvents, StreamMetrics). Contract: shared/spec/contract.md §1,
+// §2 and §3.6–3.9.
+//
+// Every lookup fails open: a gRPC error is never returned on the request
+// path; the worst answer is an empty replica_scores with a reason code.
+//
+// Hot path. A LookupRoute for an explicit chain or prefix hash takes no lock
+// and allocates only its response: one policy snapshot load, a pooled
+// scratch (engine.LookupResult, the engine request, fingerprint buffers and
+// the affinity seed), the lock-free engine lookup, and metric children the
+// observer resolved earlier. See TestLookupRouteAllocs for the pinned count.
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inferencecache/inferencecache/engine"
+	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+)
+
+// Reason codes of LookupRoute (contract §2.1) and RenderTemplate. They are
+// strings on the wire; clients read a code they do not know as NO_HINT.
+const (
+	ReasonPrefixMatch         = "PREFIX_MATCH"
+	ReasonTenantHot           = "TENANT_HOT"
+	ReasonAffinityHint        = "AFFINITY_HINT"
+	ReasonNoHint              = "NO_HINT"
+	ReasonPolicyRequiresChain = "POLICY_REQUIRES_CHAIN"
+	ReasonTimeout             = "TIMEOUT"
+	ReasonUnknownTenant       = "UNKNOWN_TENANT"
+	ReasonUnknownModel        = "UNKNOWN_MODEL"
+	ReasonUnknownHashScheme   = "UNKNOWN_HASH_SCHEME"
+	// ReasonOK is RenderTemplate's code.
+	ReasonOK = "OK"
+)
+
+// Limits and defaults of the LookupRoute input resolution (contract §3.6, §6).
+const (
+	// DefaultEngineBlockSize is the block size, in tokens, token_ids and
+	// prompt_text are fingerprinted at (--engine-block-size).
+	DefaultEngineBlockSize = fingerprint.DefaultBlockSize
+	// DefaultTokenizeTimeout bounds tokenization when neither the caller nor
+	// the tenant's lookupTimeoutMs set a deadline.
+	DefaultTokenizeTimeout = 5 * time.Second
+	// MaxLookupTokens caps token_ids (and tokenizer output); more fails open.
+	MaxLookupTokens = 1 << 20
+	// MaxPromptTextBytes caps prompt_text; more fails open.
+	MaxPromptTextBytes = 1 << 20
+	// MaxConcurrentTokenize caps tokenizations in flight; a busy tokenizer
+	// sheds to NO_HINT.
+	MaxConcurrentTokenize = 64
+)
+
+// Index is what the Service needs from the cache index; *engine.Engine
+// implements it. The methods keep the engine's contracts (LookupRoute is
+// lock-free and allocation-free with a reused result).
+type Index interface {
+	LookupRoute(req *engine.LookupRequest, now int64, res *engine.LookupResult)
+	Credit(res *engine.LookupResult)
+	AffinityHint(tenant, model, scheme string, seed []byte) (string, bool)
+	Ingest(u *engine.Update, now int64) engine.IngestResult
+	ApplyEvent(ev *engine.Event, now int64)
+	ModelState(tenant, model string) ([]engine.ReplicaStatsView, int64)
+}
+
+var _ Index = (*engine.Engine)(nil)
+
+// LookupObserver records one LookupRoute outcome; the Service calls it
+// exactly once per call (servermetrics.Metrics implements it). It is called
+// concurrently and must not block.
+type LookupObserver interface {
+	ObserveLookup(model, reasonCode string, hintUsed bool, elapsed time.Duration)
+}
+
+// Tokenizer turns prompt_text into token ids for a model: the text wrapped
+// as one user chat message with the generation prompt appended. Encode must
+// honor ctx. No implementation ships yet; without one, a prompt_text lookup
+// fails open to NO_HINT.
+type Tokenizer interface {
+	Encode(ctx context.Context, model, text string) ([]uint32, error)
+}
+
+// Config wires a Service.
+type Config struct {
+	// Index is the cache index. Required.
+	Index Index
+	// Policies supplies the per-tenant knobs; it should be the one the index
+	// reads (engine.Engine.Policies()). Required.
+	Policies engine.Policies
+	// Observer records lookups; nil records nothing.
+	Observer LookupObserver
+	// BlockSize is the engine block size for token_ids and prompt_text;
+	// 0 means DefaultEngineBlockSize.
+	BlockSize int
+	// Tokenizer serves prompt_text; nil means none (fail open).
+	Tokenizer Tokenizer
+	// TokenizeTimeout overrides DefaultTokenizeTimeout when > 0.
+	TokenizeTimeout time.Duration
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now. Tests use it to make the lookup
+	// budget expire deterministically.
+	Now func() time.Time
+}
+
+// ErrInvalidConfig is wrapped by NewService's errors.
+var ErrInvalidConfig = errors.New("rpc: invalid config")
+
+// Service implements pb.InferenceCacheServer. It is safe for concurrent use.
+type Service struct {
+	pb.UnimplementedInferenceCacheServer
+
+	index     Index
+	policies  engine.Policies
+	observer  LookupObserver
+	blockSize int
+	tokenizer Tokenizer
+	tokTO     time.Duration
+	log       *slog.Logger
+	now       func() time.Time
+
+	// scratch pools *lookupScratch; each LookupRoute call owns one scratch
+	// from Get to Put.
+	scratch sync.Pool
+	// tokenizeSem bounds tokenizations in flight: a slot is taken before
+	// Encode starts and released when it returns (even after the handler
+	// gave up on it).
+	tokenizeSem chan struct{}
+
+	// promptFailOpen counts prompt_text lookups that failed open for want
+	// of a tokenizer or because it failed; lastPromptLog is the UnixNano of
+	// the last WARN about it (CAS-updated to rate-limit the log to one a
+	// minute).
+	promptFailOpen atomic.Int64
+	lastPromptLog  atomic.Int64
+}
+
+var _ pb.InferenceCacheServer = (*Service)(nil)
+
+// NewService validates cfg and returns the service.
+func NewService(cfg Config) (*Service, error) {
+	switch {
+	case cfg.Index == nil:
+		return nil, fmt.Errorf("%w: nil Index", ErrInvalidConfig)
+	case cfg.Policies == nil:
+		return nil, fmt.Errorf("%w: nil Policies", ErrInvalidConfig)
+	case cfg.BlockSize < 0:
+		return nil, fmt.Errorf("%w: negative block size %d", ErrInvalidConfig, cfg.BlockSize)
+	}
+	s := &Service{
+		index:       cfg.Index,
+		policies:    cfg.Policies,
+		observer:    cfg.Observer,
+		blockSize:   cfg.BlockSize,
+		tokenizer:   cfg.Tokenizer,
+		tokTO:       cfg.TokenizeTimeout,
+		log:         cfg.Logger,
+		now:         cfg.Now,
+		tokenizeSem: make(chan struct{}, MaxConcurrentTokenize),
+	}
+	if s.observer == nil {
+		s.observer = nopObserver{}
+	}
+	if s.blockSize == 0 {
+		s.blockSize = DefaultEngineBlockSize
+	}
+	if s.tokTO <= 0 {
+		s.tokTO = DefaultTokenizeTimeout
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.scratch.New = func() any { return new(lookupScratch) }
+	return s, nil
+}
+
+type nopObserver struct{}
+
+func (nopObserver) ObserveLookup(string, string, bool, time.Duration) {}
+
+// PromptTextFailOpens returns how many prompt_text lookups failed open
+// because no tokenizer is wired or it failed.
+func (s *Service) PromptTextFailOpens() int64 { return s.promptFailOpen.Load() }
+
+// RenderTemplate is a stub: OK with empty bytes (contract §1).
+func (*Service) RenderTemplate(context.Context, *pb.RenderTemplateRequest) (*pb.RenderTemplateResponse, error) {
+	return &pb.RenderTemplateResponse{ReasonCode: ReasonOK}, nil
+}
+
+// LookupPDRoute is a stub: NO_HINT (contract §1).
+func (*Service) LookupPDRoute(context.Context, *pb.LookupPDRouteRequest) (*pb.LookupPDRouteResponse, error) {
+	return &pb.LookupPDRouteResponse{ReasonCode: ReasonNoHint}, nil
+}
+
+// StreamCacheEvents is a stub: the stream closes at once (contract §1).
+func (*Service) StreamCacheEvents(*pb.StreamEventsRequest, pb.InferenceCache_StreamCacheEventsServer) error {
+	return nil
+}
+
+// StreamMetrics is a stub: the stream closes at once (contract §1).
+func (*Service) StreamMetrics(*pb.StreamMetricsRequest, pb.InferenceCache_StreamMetricsServer) error {
+	return nil
+}

@@ -1,0 +1,536 @@
+// Package server wires the cache server: the index, the policy store, the
+// gRPC service (with grpc.health.v1 and server reflection), the public HTTP
+// listener (/healthz, /readyz, /metrics, optional /debug/pprof) and the
+// internal control listener (/policy, /snapshot, /probe behind TokenReview
+// auth), plus the TTL sweeper and the graceful drain.
+//
+// cmd/server is a thin flag layer over it; tests, the load generator and the
+// demo start a real server in process:
+//
+//	cfg := server.DefaultConfig()
+//	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+//	cfg.InsecureDisableAuth = true
+//	srv, err := server.New(cfg)   // validates, binds all three listeners
+//	go srv.Run(ctx)               // serves until ctx ends, then drains
+//	<-srv.Ready()
+//	conn, _ := grpc.NewClient(srv.GRPCAddr().String(), ...)
+//
+// New binds the listeners, so the addresses (port 0 resolved) are known
+// before Run.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/inferencecache/inferencecache/controlserver"
+	"github.com/inferencecache/inferencecache/controlserver/auth"
+	"github.com/inferencecache/inferencecache/engine"
+	"github.com/inferencecache/inferencecache/policy"
+	"github.com/inferencecache/inferencecache/probe"
+	"github.com/inferencecache/inferencecache/rpc"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+	"github.com/inferencecache/inferencecache/servermetrics"
+)
+
+// Defaults (contract §4.1, §6).
+const (
+	DefaultGRPCAddr           = ":9090"
+	DefaultHTTPAddr           = ":8080"
+	DefaultInternalAddr       = ":8081"
+	DefaultControllerAudience = "inferencecache.io/controller"
+	DefaultPolicyAudience     = "inferencecache.io/policy"
+	DefaultDrainTimeout       = 20 * time.Second
+	DefaultMaxRecvMsgBytes    = 8 << 20
+	DefaultKeepaliveTime      = 30 * time.Second
+	DefaultKeepaliveTimeout   = 10 * time.Second
+	DefaultKeepaliveMinTime   = 10 * time.Second
+)
+
+// ServiceName is the gRPC service's full name (health and reflection).
+const ServiceName = "inferencecache.v1alpha1.InferenceCache"
+
+// Config configures a Server. Start from DefaultConfig.
+type Config struct {
+	// Listen addresses: gRPC, public HTTP and internal control HTTP.
+	GRPCAddr, HTTPAddr, InternalAddr string
+
+	// TLSCertFile and TLSKeyFile turn on TLS for gRPC: both or neither.
+	TLSCertFile, TLSKeyFile string
+
+	// MaxIndexEntries caps replica x key entries (0 = unbounded);
+	// MaxIndexBytes caps the index's accounted memory (0 = none).
+	MaxIndexEntries, MaxIndexBytes int64
+	// EngineBlockSize is the block size token_ids are fingerprinted at.
+	EngineBlockSize int
+	// SweepInterval is the TTL sweep period.
+	SweepInterval time.Duration
+
+	// EnablePprof mounts /debug/pprof/ on the public listener.
+	EnablePprof bool
+
+	// Control endpoint auth. With InsecureDisableAuth the three endpoints
+	// are open (development only; logged at ERROR). Otherwise
+	// AllowedControllerSA ("system:serviceaccount:<ns>:<name>") is required
+	// and reviews run against Kubeconfig, or the in-cluster config when it
+	// is empty, unless Reviewer is set (tests).
+	InsecureDisableAuth bool
+	AllowedControllerSA string
+	ControllerAudience  string
+	PolicyAudience      string
+	Kubeconfig          string
+	Reviewer            auth.Reviewer
+
+	// gRPC transport.
+	KeepaliveTime, KeepaliveTimeout, KeepaliveMinTime time.Duration
+	MaxRecvMsgBytes                                   int
+
+	// DrainTimeout bounds GracefulStop on shutdown; after it, the server
+	// stops hard.
+	DrainTimeout time.Duration
+
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+
+	// WrapIndex, when set, wraps the index the gRPC service reads (tests
+	// inject slow or failing lookups with it).
+	WrapIndex func(rpc.Index) rpc.Index
+	// T2 is the probe's tier-2 prober; production wires none.
+	T2 probe.T2Prober
+}
+
+// DefaultConfig returns the production defaults (auth enabled, so
+// AllowedControllerSA must still be set, or InsecureDisableAuth).
+func DefaultConfig() Config {
+	return Config{
+		GRPCAddr:           DefaultGRPCAddr,
+		HTTPAddr:           DefaultHTTPAddr,
+		InternalAddr:       DefaultInternalAddr,
+		MaxIndexEntries:    engine.DefaultMaxEntries,
+		EngineBlockSize:    rpc.DefaultEngineBlockSize,
+		SweepInterval:      engine.DefaultSweepInterval,
+		ControllerAudience: DefaultControllerAudience,
+		PolicyAudience:     DefaultPolicyAudience,
+		KeepaliveTime:      DefaultKeepaliveTime,
+		KeepaliveTimeout:   DefaultKeepaliveTimeout,
+		KeepaliveMinTime:   DefaultKeepaliveMinTime,
+		MaxRecvMsgBytes:    DefaultMaxRecvMsgBytes,
+		DrainTimeout:       DefaultDrainTimeout,
+	}
+}
+
+// Errors of New.
+var (
+	ErrInvalidConfig = errors.New("server: invalid config")
+	ErrTLSConfig     = errors.New("server: invalid TLS config")
+)
+
+// Server is one cache server. Create it with New and run it with Run.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+
+	engine   *engine.Engine
+	policies *policy.Store
+	metrics  *servermetrics.Metrics
+	service  *rpc.Service
+	prober   *probe.Prober
+
+	grpc     *grpc.Server
+	health   *health.Server
+	public   *http.Server
+	internal *http.Server
+	tls      bool
+
+	grpcLis, httpLis, intLis net.Listener
+
+	// ready is true while the server serves (set after Run started the
+	// listeners, cleared when the drain begins); /readyz reads it.
+	ready atomic.Bool
+	// readyCh is closed once, when the server first becomes ready.
+	readyCh chan struct{}
+	// ran guards Run against a second call.
+	ran atomic.Bool
+}
+
+// New validates cfg, builds every component and binds the three listeners.
+// On error nothing stays bound.
+func New(cfg Config) (*Server, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := validate(&cfg); err != nil {
+		return nil, err
+	}
+	creds, err := loadTLS(cfg.TLSCertFile, cfg.TLSKeyFile)
+	if err != nil {
+		return nil, err
+	}
+
+	s := &Server{cfg: cfg, log: log, readyCh: make(chan struct{}), tls: creds != nil}
+	s.metrics = servermetrics.New()
+	s.metrics.SetTLSEnabled(s.tls)
+	s.policies = policy.NewStore()
+	s.engine = engine.New(engine.Config{
+		MaxEntries: cfg.MaxIndexEntries,
+		MaxBytes:   cfg.MaxIndexBytes,
+		Policies:   s.policies,
+		Metrics:    s.metrics,
+	})
+	var idx rpc.Index = s.engine
+	if cfg.WrapIndex != nil {
+		idx = cfg.WrapIndex(idx)
+	}
+	s.service, err = rpc.NewService(rpc.Config{
+		Index:     idx,
+		Policies:  s.policies,
+		Observer:  s.metrics,
+		BlockSize: cfg.EngineBlockSize,
+		Logger:    log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the gRPC service: %w", err)
+	}
+	s.prober = probe.New(probe.Config{Index: s.engine, T2: cfg.T2, Logger: log})
+
+	control, err := s.controlHandler()
+	if err != nil {
+		return nil, err
+	}
+
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: cfg.KeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	s.grpc = grpc.NewServer(opts...)
+	pb.RegisterInferenceCacheServer(s.grpc, s.service)
+	s.health = health.NewServer()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+
+	s.public = &http.Server{Handler: s.publicHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	s.internal = &http.Server{Handler: control, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+
+	if err := s.listen(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// validate checks cfg and fills zero durations with defaults.
+func validate(cfg *Config) error {
+	for _, a := range []struct{ flag, v string }{
+		{"--controller-audience", cfg.ControllerAudience},
+		{"--policy-audience", cfg.PolicyAudience},
+	} {
+		switch {
+		case a.v == "":
+			return fmt.Errorf("%w: %s must not be empty", ErrInvalidConfig, a.flag)
+		case strings.TrimSpace(a.v) != a.v:
+			return fmt.Errorf("%w: %s %q has surrounding whitespace", ErrInvalidConfig, a.flag, a.v)
+		}
+	}
+	if !cfg.InsecureDisableAuth && cfg.AllowedControllerSA == "" {
+		return fmt.Errorf("%w: --allowed-controller-sa is required unless --insecure-disable-auth", ErrInvalidConfig)
+	}
+	switch {
+	case cfg.GRPCAddr == "" || cfg.HTTPAddr == "" || cfg.InternalAddr == "":
+		return fmt.Errorf("%w: every listen address must be set", ErrInvalidConfig)
+	case cfg.MaxIndexEntries < 0:
+		return fmt.Errorf("%w: negative --max-index-entries %d", ErrInvalidConfig, cfg.MaxIndexEntries)
+	case cfg.MaxIndexBytes < 0:
+		return fmt.Errorf("%w: negative --max-index-bytes %d", ErrInvalidConfig, cfg.MaxIndexBytes)
+	case cfg.EngineBlockSize <= 0:
+		return fmt.Errorf("%w: --engine-block-size must be positive, got %d", ErrInvalidConfig, cfg.EngineBlockSize)
+	case cfg.SweepInterval <= 0:
+		return fmt.Errorf("%w: --sweep-interval must be positive, got %v", ErrInvalidConfig, cfg.SweepInterval)
+	case cfg.MaxRecvMsgBytes < 0:
+		return fmt.Errorf("%w: negative max receive message size %d", ErrInvalidConfig, cfg.MaxRecvMsgBytes)
+	}
+	if cfg.KeepaliveTime <= 0 {
+		cfg.KeepaliveTime = DefaultKeepaliveTime
+	}
+	if cfg.KeepaliveTimeout <= 0 {
+		cfg.KeepaliveTimeout = DefaultKeepaliveTimeout
+	}
+	if cfg.KeepaliveMinTime <= 0 {
+		cfg.KeepaliveMinTime = DefaultKeepaliveMinTime
+	}
+	if cfg.MaxRecvMsgBytes == 0 {
+		cfg.MaxRecvMsgBytes = DefaultMaxRecvMsgBytes
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	return nil
+}
+
+// loadTLS returns the gRPC TLS credentials, nil for plaintext.
+func loadTLS(certFile, keyFile string) (credentials.TransportCredentials, error) {
+	switch {
+	case certFile == "" && keyFile == "":
+		return nil, nil
+	case certFile == "" || keyFile == "":
+		return nil, fmt.Errorf("%w: --tls-cert-file and --tls-key-file must be set together (got cert %q, key %q)", ErrTLSConfig, certFile, keyFile)
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("%w: cannot load the key pair: %w", ErrTLSConfig, err)
+	}
+	return credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}), nil
+}
+
+// controlHandler builds the internal listener's handler with its auth.
+func (s *Server) controlHandler() (http.Handler, error) {
+	cfg := controlserver.Config{Policies: s.policies, Snapshots: s.engine, Prober: s.prober, Logger: s.log}
+	if s.cfg.InsecureDisableAuth {
+		s.log.Error("CONTROL ENDPOINT AUTH IS DISABLED (--insecure-disable-auth): anyone who can reach the internal listener can rewrite every namespace's cache policy; never run this in a shared cluster",
+			"addr", s.cfg.InternalAddr)
+	} else {
+		reviewer := s.cfg.Reviewer
+		if reviewer == nil {
+			r, err := auth.NewKubeReviewer(s.cfg.Kubeconfig)
+			if err != nil {
+				return nil, fmt.Errorf("cannot set up control endpoint auth: %w", err)
+			}
+			reviewer = r
+		}
+		mk := func(audience string, rec auth.Recorder) (func(http.Handler) http.Handler, error) {
+			a, err := auth.New(auth.Config{
+				Reviewer: reviewer, Audience: audience, AllowedIdentity: s.cfg.AllowedControllerSA,
+				Recorder: rec, Logger: s.log,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("cannot set up control endpoint auth: %w", err)
+			}
+			return a.Wrap, nil
+		}
+		var err error
+		if cfg.SnapshotAuth, err = mk(s.cfg.ControllerAudience, s.metrics.SnapshotAuth()); err != nil {
+			return nil, err
+		}
+		if cfg.PolicyAuth, err = mk(s.cfg.PolicyAudience, s.metrics.PolicyAuth()); err != nil {
+			return nil, err
+		}
+		if cfg.ProbeAuth, err = mk(s.cfg.ControllerAudience, s.metrics.ProbeAuth()); err != nil {
+			return nil, err
+		}
+	}
+	h, err := controlserver.NewHandler(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the control handler: %w", err)
+	}
+	return h, nil
+}
+
+// publicHandler serves /healthz, /readyz, /metrics and, when enabled,
+// /debug/pprof/.
+func (s *Server) publicHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !s.ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ready\n"))
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("/metrics", s.metrics.Handler())
+	if s.cfg.EnablePprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+// listen binds the three listeners, closing what it bound on error.
+func (s *Server) listen() error {
+	var bound []net.Listener
+	for _, l := range []struct {
+		name, addr string
+		dst        *net.Listener
+	}{
+		{"gRPC", s.cfg.GRPCAddr, &s.grpcLis},
+		{"HTTP", s.cfg.HTTPAddr, &s.httpLis},
+		{"internal", s.cfg.InternalAddr, &s.intLis},
+	} {
+		lis, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, b := range bound {
+				_ = b.Close()
+			}
+			return fmt.Errorf("cannot listen for %s on %s: %w", l.name, l.addr, err)
+		}
+		bound = append(bound, lis)
+		*l.dst = lis
+	}
+	return nil
+}
+
+// GRPCAddr, HTTPAddr and InternalAddr return the bound addresses.
+func (s *Server) GRPCAddr() net.Addr { return s.grpcLis.Addr() }
+
+// HTTPAddr returns the public HTTP listener's address.
+func (s *Server) HTTPAddr() net.Addr { return s.httpLis.Addr() }
+
+// InternalAddr returns the internal control listener's address.
+func (s *Server) InternalAddr() net.Addr { return s.intLis.Addr() }
+
+// TLS reports whether gRPC serves TLS.
+func (s *Server) TLS() bool { return s.tls }
+
+// Engine returns the index (for in-process seeding by tests and the demo).
+func (s *Server) Engine() *engine.Engine { return s.engine }
+
+// Policies returns the policy store /policy writes.
+func (s *Server) Policies() *policy.Store { return s.policies }
+
+// Metrics returns the server's metrics.
+func (s *Server) Metrics() *servermetrics.Metrics { return s.metrics }
+
+// Service returns the gRPC service implementation.
+func (s *Server) Service() *rpc.Service { return s.service }
+
+// Ready is closed once the server serves.
+func (s *Server) Ready() <-chan struct{} { return s.readyCh }
+
+// Run serves until ctx ends or a listener fails, then drains: /readyz and
+// the gRPC health service turn unavailable, server_up drops to 0,
+// GracefulStop lets in-flight calls finish for at most DrainTimeout (then
+// the server stops hard), and the HTTP listeners shut down. It returns nil
+// after a drain caused by ctx, or the listener error. Run may be called
+// once.
+func (s *Server) Run(ctx context.Context) error {
+	if !s.ran.CompareAndSwap(false, true) {
+		return errors.New("server: Run called twice")
+	}
+	errCh := make(chan error, 3)
+	var wg sync.WaitGroup
+	serve := func(name string, f func() error) {
+		wg.Go(func() {
+			if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
+				errCh <- fmt.Errorf("%s listener failed: %w", name, err)
+			}
+		})
+	}
+	serve("gRPC", func() error { return s.grpc.Serve(s.grpcLis) })
+	serve("HTTP", func() error { return s.public.Serve(s.httpLis) })
+	serve("internal", func() error { return s.internal.Serve(s.intLis) })
+
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	var sweepWG sync.WaitGroup
+	sweepWG.Go(func() { s.sweepLoop(sweepCtx) })
+
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.metrics.SetUp(true)
+	s.ready.Store(true)
+	close(s.readyCh)
+	s.log.Info("inferencecache server serving", "grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(),
+		"internal", s.InternalAddr().String(), "tls", s.tls, "max_index_entries", s.cfg.MaxIndexEntries,
+		"max_index_bytes", s.cfg.MaxIndexBytes, "engine_block_size", s.cfg.EngineBlockSize)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errCh:
+		s.log.Error("shutting down after a listener failure", "err", runErr)
+	}
+	s.drain()
+	stopSweep()
+	sweepWG.Wait()
+	wg.Wait()
+	return runErr
+}
+
+// drain is Run's shutdown sequence.
+func (s *Server) drain() {
+	start := time.Now()
+	s.ready.Store(false)
+	s.metrics.SetUp(false)
+	s.health.Shutdown() // every service NOT_SERVING
+	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
+
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	timer := time.NewTimer(s.cfg.DrainTimeout)
+	select {
+	case <-done:
+		timer.Stop()
+	case <-timer.C:
+		s.log.Warn("drain timeout: stopping the gRPC server hard", "timeout", s.cfg.DrainTimeout)
+		s.grpc.Stop()
+		<-done
+	}
+	// The HTTP listeners close last so /metrics and /readyz stay up while
+	// gRPC drains; give them what is left of the budget (at least 1 s).
+	left := max(s.cfg.DrainTimeout-time.Since(start), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), left)
+	defer cancel()
+	for _, h := range []*http.Server{s.internal, s.public} {
+		if err := h.Shutdown(ctx); err != nil {
+			_ = h.Close()
+		}
+	}
+	s.log.Info("drained", "took", time.Since(start).Round(time.Millisecond))
+}
+
+// sweepLoop runs the index's TTL sweep every SweepInterval until ctx ends.
+func (s *Server) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			n := s.engine.Sweep(engine.Micros(now))
+			if n > 0 {
+				s.log.Debug("ttl sweep", "removed", n, "took", time.Since(now).Round(time.Microsecond))
+			}
+		}
+	}
+}
+
+// Close releases the listeners of a Server that was never Run.
+func (s *Server) Close() error {
+	if s.ran.Load() {
+		return nil
+	}
+	return errors.Join(s.grpcLis.Close(), s.httpLis.Close(), s.intLis.Close())
+}
