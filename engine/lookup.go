@@ -32,7 +32,6 @@ type LookupResult struct {
 	// Scratch of the chain walk: the running set (run and its double
 	// buffer next), finished runners (fin) and sorted matched counts.
 	run, fin []runner
-	obs      []observed
 	matched  []int64
 	// keys and sorted are sortScores' scratch; sorted double-buffers Scores.
 	keys   []uint64
@@ -53,7 +52,7 @@ func (r *LookupResult) reset() {
 	r.Scores = r.Scores[:0]
 	r.d, r.lfu = nil, false
 	r.nodes = r.nodes[:0]
-	r.run, r.fin, r.obs = r.run[:0], r.fin[:0], r.obs[:0]
+	r.run, r.fin = r.run[:0], r.fin[:0]
 }
 
 // LookupRoute ranks the replicas that hold the request's prefix (contract
@@ -124,30 +123,16 @@ func (e *Engine) classifyMiss(tenant string, d *domain, sch *scheme) Strategy {
 // or hold it stale, folding lastSeen by min and tier by coldest. Block i+1
 // is looked for first at block i's successor hint (almost always right for
 // a chain reported in one piece, and adjacent in memory), then in the table.
+//
+// Each step updates the running set in place and validates the node's
+// sequence lock afterwards; if a writer changed the node meanwhile, the walk
+// starts over from block 0 (rare, and cheaper on average than keeping undo
+// state for every step). After maxWalkRestarts the walk accepts its view.
 func (e *Engine) walkChain(sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult) {
 	t := sc.table.Load()
-	var hint uint32
-	for i, h := range req.BlockHashes {
-		k, ok := e.makeKey(h)
-		if !ok {
-			break
-		}
-		tokens := int64(req.BlockTokenCounts[i])
-		next, found := uint32(0), false
-		if hint != 0 {
-			next, found = e.step(hint, sc.id, &k, i == 0, ttl, now, tokens, res)
-		}
-		if !found {
-			off := e.find(t, sc.id, &k)
-			if off == 0 {
-				break // every running replica lacks this block
-			}
-			if next, found = e.step(off, sc.id, &k, i == 0, ttl, now, tokens, res); !found {
-				break // removed since the table read
-			}
-		}
-		hint = next
-		if len(res.run) == 0 {
+	for restarts := 0; ; restarts++ {
+		res.run, res.fin, res.nodes = res.run[:0], res.fin[:0], res.nodes[:0]
+		if e.walkOnce(t, sc, req, ttl, now, res, restarts < maxWalkRestarts) {
 			break
 		}
 	}
@@ -156,110 +141,118 @@ func (e *Engine) walkChain(sc *scope, req *LookupRequest, ttl, now int64, res *L
 	e.scoreRuns(sc, req.SLOTTFTMs, ttl, now, res)
 }
 
+const maxWalkRestarts = 16
+
+// walkOnce walks the chain once; it reports false when a step raced a
+// writer and strict is set.
+func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult, strict bool) bool {
+	var hint uint32
+	for i, h := range req.BlockHashes {
+		k, ok := e.makeKey(h)
+		if !ok {
+			return true
+		}
+		tokens := int64(req.BlockTokenCounts[i])
+		st := stepMissing
+		var next uint32
+		if hint != 0 {
+			next, st = e.step(hint, sc.id, &k, i == 0, ttl, now, tokens, res)
+		}
+		if st == stepMissing {
+			off := e.find(t, sc.id, &k)
+			if off == 0 {
+				return true // every running replica lacks this block
+			}
+			if next, st = e.step(off, sc.id, &k, i == 0, ttl, now, tokens, res); st == stepMissing {
+				return true // removed since the table read
+			}
+		}
+		if st == stepRaced && strict {
+			return false
+		}
+		hint = next
+		if len(res.run) == 0 {
+			return true
+		}
+	}
+	return true
+}
+
+// Outcomes of step.
+const (
+	stepOK = iota
+	stepMissing
+	stepRaced
+)
+
 // step advances the running set through node off, if off is a live node
-// for key k in scope sc (otherwise it reports false and changes nothing).
-// For the first block it seeds the running set from the node's fresh
-// holders; after that it keeps the runners that hold this block fresh and
-// moves the others to res.fin. It returns the node's successor hint.
-//
-// Node and holder words are read inside one sequence-lock window into a
-// small per-runner scratch (the block's lastSeen for each runner, or
-// "missing"), and applied to the running set in place only once the window
-// validates, so a retry never has to undo anything.
-func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64, res *LookupResult) (uint32, bool) {
+// for key k in scope sc (stepMissing otherwise, with nothing changed). For
+// the first block it seeds the running set from the node's fresh holders;
+// after that it keeps the runners that hold this block fresh and moves the
+// others to res.fin. It returns the node's successor hint, and stepRaced
+// when the node's sequence lock shows a concurrent write during the step.
+func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64, res *LookupResult) (uint32, int) {
 	nd := e.arena.Block(off)
-	for {
-		s1 := nd.Load(nSeq)
-		if s1&1 != 0 {
-			s1 = e.readSeq(off)
+	s1 := nd.Load(nSeq)
+	if s1&1 != 0 {
+		s1 = e.readSeq(off)
+	}
+	meta := nd.Load(nMeta)
+	if !e.viewMatches(nd, meta, sc, k) {
+		if nd.Load(nSeq) != s1 {
+			return 0, stepRaced
 		}
-		meta := nd.Load(nMeta)
-		if !e.viewMatches(nd, meta, sc, k) {
-			if nd.Load(nSeq) == s1 {
-				return 0, false
+		return 0, stepMissing
+	}
+	count := metaCount(meta)
+	hb := e.arena.Block(nd.Load(nHolders))
+	if first {
+		for j := uint32(0); j < count; j++ {
+			h := j * holderWord
+			ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
+			if ttl <= 0 || now-ts >= ttl {
+				continue
 			}
-			continue
+			rt := hb.Load(h + hRidTier)
+			res.run = append(res.run, runner{rid: uint16(rt), tier: Tier(rt >> 16), blocks: 1, matched: tokens, oldest: ts})
 		}
-		count := metaCount(meta)
-		hb := e.arena.Block(nd.Load(nHolders))
-		if first {
-			run := res.run[:0]
-			for j := uint32(0); j < count; j++ {
-				h := j * holderWord
-				ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
-				if ttl <= 0 || now-ts >= ttl {
-					continue
-				}
-				rt := hb.Load(h + hRidTier)
-				run = append(run, runner{rid: uint16(rt), tier: Tier(rt >> 16), blocks: 1, matched: tokens, oldest: ts})
-			}
-			hint, gen := nd.Load(nNext), nd.Load(nGen)
-			if nd.Load(nSeq) == s1 {
-				res.run = run
-				if res.lfu {
-					res.nodes = append(res.nodes, uint64(gen)<<32|uint64(off))
-				}
-				return hint, true
-			}
-			continue
-		}
-		// Read phase: the block's (lastSeen, tier) for each runner; a
-		// missing or stale holder reads as tier 0 (never a stored tier).
+	} else {
 		run := res.run
-		obs := res.obs[:0]
-		j := uint32(0)
+		w, j := 0, uint32(0)
 		for i := range run {
-			rid := run[i].rid
+			r := &run[i]
+			rid := r.rid
 			for j < count && uint16(hb.Load(j*holderWord+hRidTier)) < rid {
 				j++
 			}
-			o := observed{}
 			if j < count {
 				h := j * holderWord
 				if rt := hb.Load(h + hRidTier); uint16(rt) == rid {
-					ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
-					if ttl > 0 && now-ts < ttl {
-						o = observed{ts: ts, tier: Tier(rt >> 16)}
+					if ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32); ttl > 0 && now-ts < ttl {
+						r.blocks++
+						r.matched += tokens
+						r.oldest = min(r.oldest, ts)
+						r.tier = coldest(r.tier, Tier(rt>>16))
+						if w != i {
+							run[w] = *r
+						}
+						w++
+						continue
 					}
 				}
 			}
-			obs = append(obs, o)
-		}
-		res.obs = obs
-		hint, gen := nd.Load(nNext), nd.Load(nGen)
-		if nd.Load(nSeq) != s1 {
-			continue
-		}
-		// Apply phase, in place.
-		w := 0
-		for i := range run {
-			o := obs[i]
-			if o.tier == 0 {
-				res.fin = append(res.fin, run[i])
-				continue
-			}
-			r := &run[i]
-			r.blocks++
-			r.matched += tokens
-			r.oldest = min(r.oldest, o.ts)
-			r.tier = coldest(r.tier, o.tier)
-			if w != i {
-				run[w] = *r
-			}
-			w++
+			res.fin = append(res.fin, *r)
 		}
 		res.run = run[:w]
-		if res.lfu {
-			res.nodes = append(res.nodes, uint64(gen)<<32|uint64(off))
-		}
-		return hint, true
 	}
-}
-
-// observed is what one block holds for one runner.
-type observed struct {
-	ts   int64
-	tier Tier
+	hint, gen := nd.Load(nNext), nd.Load(nGen)
+	if nd.Load(nSeq) != s1 {
+		return 0, stepRaced
+	}
+	if res.lfu {
+		res.nodes = append(res.nodes, uint64(gen)<<32|uint64(off))
+	}
+	return hint, stepOK
 }
 
 // viewMatches is keyMatches over a block view.
