@@ -1,0 +1,60 @@
+package rpc_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/inferencecache/inferencecache/policy"
+	"github.com/inferencecache/inferencecache/rpc"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+	"github.com/inferencecache/inferencecache/servermetrics"
+)
+
+// TestLookupRouteAllocs pins the handler's allocations with the production
+// metrics observer: the response message is all a lookup allocates (one
+// for an empty answer; the response, the score pointer slice and one
+// backing array of scores otherwise). The pooled scratch, the engine
+// lookup, the fingerprinting of token_ids, the affinity seed and the metric
+// writes allocate nothing in steady state.
+func TestLookupRouteAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items; counts are pinned without it")
+	}
+	env := reasonEnv(t)
+	svc, err := rpc.NewService(rpc.Config{Index: env.e, Policies: env.store, Observer: servermetrics.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ac := chainOf(chainA, 8)
+	c, cc := chainOf(chainC, 2)
+	for _, tc := range []struct {
+		name   string
+		req    *pb.LookupRouteRequest
+		reason string
+		allocs float64
+	}{
+		{"PREFIX_MATCH chain", &pb.LookupRouteRequest{TenantId: "optout", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac}, rpc.ReasonPrefixMatch, 3},
+		{"PREFIX_MATCH token_ids", &pb.LookupRouteRequest{TenantId: "tok", ModelId: model, HashScheme: scheme, TokenIds: tokens(0, 130)}, rpc.ReasonPrefixMatch, 3},
+		{"TENANT_HOT", &pb.LookupRouteRequest{TenantId: "team", ModelId: model, HashScheme: scheme, PrefixHash: hashOf(chainC, 9)}, rpc.ReasonTenantHot, 3},
+		{"AFFINITY_HINT", &pb.LookupRouteRequest{TenantId: "team", ModelId: model, HashScheme: scheme, BlockHashes: c, BlockTokenCounts: cc}, rpc.ReasonAffinityHint, 3},
+		{"UNKNOWN_TENANT", &pb.LookupRouteRequest{TenantId: "ghost", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac}, rpc.ReasonUnknownTenant, 1},
+		{"POLICY_REQUIRES_CHAIN", &pb.LookupRouteRequest{TenantId: "reqchain", ModelId: model, HashScheme: scheme, PrefixHash: a[0]}, rpc.ReasonPolicyRequiresChain, 1},
+		{"reserved tenant", &pb.LookupRouteRequest{TenantId: policy.ReservedTenantID, ModelId: model}, rpc.ReasonNoHint, 1},
+		{"budgeted tenant", &pb.LookupRouteRequest{TenantId: "timeout", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac}, rpc.ReasonPrefixMatch, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			var reason string
+			got := testing.AllocsPerRun(200, func() {
+				resp, _ := svc.LookupRoute(ctx, tc.req)
+				reason = resp.GetReasonCode()
+			})
+			if reason != tc.reason {
+				t.Fatalf("reason = %s, want %s", reason, tc.reason)
+			}
+			if got != tc.allocs {
+				t.Fatalf("allocs/op = %v, want %v", got, tc.allocs)
+			}
+		})
+	}
+}
