@@ -131,7 +131,7 @@ func TestLookupRouteReasonCodes(t *testing.T) {
 		{
 			name: "AFFINITY_HINT on a chain miss, seed = length-prefixed chain", req: req("team", withChain(c, cc)),
 			reason: rpc.ReasonAffinityHint, ids: []string{affinityPick(r123, chainSeed(c))},
-			check:  checkAffinityZeros,
+			check: checkAffinityZeros,
 		},
 		{
 			name: "AFFINITY_HINT on a partition without data echoes the partition", req: req("lora", func(r *pb.LookupRouteRequest) { withChain(c, cc)(r); r.AdapterId = "lora-x" }),
@@ -199,7 +199,10 @@ func TestLookupRouteReasonCodes(t *testing.T) {
 			reason: rpc.ReasonPrefixMatch, ids: []string{"r1"}},
 		{name: "token_ids shorter than one block fail open", req: req("tok", func(r *pb.LookupRouteRequest) { r.TokenIds = tokens(0, 15) }), reason: rpc.ReasonNoHint, noIndex: true},
 		{name: "a token_ids miss seeds affinity with the derived chain", req: req("tok", func(r *pb.LookupRouteRequest) { r.TokenIds = tokens(1000, 32) }),
-			reason: rpc.ReasonAffinityHint, ids: []string{func() string { h, _ := tokenChain(tokens(1000, 32)); return affinityPick([]string{"r1", "r2", "r3", "r5"}, chainSeed(h)) }()}},
+			reason: rpc.ReasonAffinityHint, ids: []string{func() string {
+				h, _ := tokenChain(tokens(1000, 32))
+				return affinityPick([]string{"r1", "r2", "r3", "r5"}, chainSeed(h))
+			}()}},
 		{name: "prompt_text fails open without a tokenizer", req: req("team", func(r *pb.LookupRouteRequest) { r.PromptText = "hello"; r.AdapterId = "x" }), reason: rpc.ReasonNoHint, noIndex: true},
 	}
 	for _, tc := range cases {
@@ -264,7 +267,7 @@ func TestLookupRouteTimeoutPrecedence(t *testing.T) {
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	for _, r := range []*pb.LookupRouteRequest{
-		{TenantId: "reqchain", ModelId: model, HashScheme: scheme, PrefixHash: a[0]},                 // would be POLICY_REQUIRES_CHAIN
+		{TenantId: "reqchain", ModelId: model, HashScheme: scheme, PrefixHash: a[0]},                  // would be POLICY_REQUIRES_CHAIN
 		{TenantId: "ghost", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac}, // would be UNKNOWN_TENANT
 		{TenantId: "team", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac[:1]},
 		{TenantId: "team", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac},

@@ -46,7 +46,7 @@ func TestReportCacheStateBadInput(t *testing.T) {
 			Prefixes: []*pb.PrefixEntry{{PrefixHash: nil, TokenCount: 16}, {PrefixHash: make([]byte, 1024), TokenCount: 16}, {BlockHashes: [][]byte{{}}, BlockTokenCounts: []int32{16}}}},
 		// Empty model and tenant are just keys; empty scheme keeps stats only.
 		&pb.CacheStateUpdate{TenantId: "team", ModelId: model, HashScheme: "", ReplicaId: "stats-only",
-			Stats: &pb.ReplicaStats{HitRate: nan, Pressure: inf, CacheMemoryBytes: 7, ReplicaId: "ignored"},
+			Stats:    &pb.ReplicaStats{HitRate: nan, Pressure: inf, CacheMemoryBytes: 7, ReplicaId: "ignored"},
 			Prefixes: []*pb.PrefixEntry{{BlockHashes: d, BlockTokenCounts: dc}}},
 		// Unknown tiers: a positive one and a negative one sort coldest and
 		// read back as UNSPECIFIED; T2 reads back as T2.
