@@ -475,6 +475,9 @@ func (s *Server) Run(ctx context.Context) error {
 	return runErr
 }
 
+// stopGrace bounds the wait for handlers after the hard stop.
+const stopGrace = 2 * time.Second
+
 // drain is Run's shutdown sequence.
 func (s *Server) drain() {
 	start := time.Now()
@@ -494,8 +497,16 @@ func (s *Server) drain() {
 		timer.Stop()
 	case <-timer.C:
 		s.log.Warn("drain timeout: stopping the gRPC server hard", "timeout", s.cfg.DrainTimeout)
-		s.grpc.Stop()
-		<-done
+		s.grpc.Stop() // closes every connection; handlers see their streams end
+		// GracefulStop returns once every handler has returned. Ours all
+		// end with their stream, but do not let a stuck one hold Run.
+		t := time.NewTimer(stopGrace)
+		select {
+		case <-done:
+			t.Stop()
+		case <-t.C:
+			s.log.Error("gRPC handlers still running after the hard stop; returning anyway", "grace", stopGrace)
+		}
 	}
 	// The HTTP listeners close last so /metrics and /readyz stay up while
 	// gRPC drains; give them what is left of the budget (at least 1 s).
