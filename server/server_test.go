@@ -297,12 +297,14 @@ func TestConfigValidation(t *testing.T) {
 		"empty policy audience":      func(c *server.Config) { c.PolicyAudience = "" },
 		"padded policy audience":     func(c *server.Config) { c.PolicyAudience = "inferencecache.io/policy\t" },
 		"auth without an identity":   func(c *server.Config) { c.InsecureDisableAuth = false },
-		"bad identity":               func(c *server.Config) { c.InsecureDisableAuth, c.AllowedControllerSA, c.Reviewer = false, "controller", fakeReviewer{} },
-		"negative entry cap":         func(c *server.Config) { c.MaxIndexEntries = -1 },
-		"negative byte cap":          func(c *server.Config) { c.MaxIndexBytes = -1 },
-		"zero block size":            func(c *server.Config) { c.EngineBlockSize = 0 },
-		"zero sweep interval":        func(c *server.Config) { c.SweepInterval = 0 },
-		"busy port":                  func(c *server.Config) { c.HTTPAddr = "256.0.0.1:1" },
+		"bad identity": func(c *server.Config) {
+			c.InsecureDisableAuth, c.AllowedControllerSA, c.Reviewer = false, "controller", fakeReviewer{}
+		},
+		"negative entry cap":  func(c *server.Config) { c.MaxIndexEntries = -1 },
+		"negative byte cap":   func(c *server.Config) { c.MaxIndexBytes = -1 },
+		"zero block size":     func(c *server.Config) { c.EngineBlockSize = 0 },
+		"zero sweep interval": func(c *server.Config) { c.SweepInterval = 0 },
+		"busy port":           func(c *server.Config) { c.HTTPAddr = "256.0.0.1:1" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := testConfig()
@@ -353,7 +355,10 @@ func TestGracefulDrain(t *testing.T) {
 	}
 	s.stop()
 	readyz := "http://" + s.HTTPAddr().String() + "/readyz"
-	waitFor(t, "/readyz 503", func() bool { code, _ := httpDo(t, http.MethodGet, readyz, "", nil); return code == http.StatusServiceUnavailable })
+	waitFor(t, "/readyz 503", func() bool {
+		code, _ := httpDo(t, http.MethodGet, readyz, "", nil)
+		return code == http.StatusServiceUnavailable
+	})
 	if up, _ := sample(scrape(t, s.Server), servermetrics.NameServerUp, ""); up != 0 {
 		t.Fatalf("server_up = %v while draining", up)
 	}
