@@ -1,109 +1,176 @@
-// Command demo is the README's run command: it exercises the cache plane on
-// an embedded default workload and prints a report.
-//
-// Today it drives the engine in process (the gRPC server and load generator
-// replace this as they land): it ingests a workload of 32 replicas holding
-// 64-block prompts behind a shared 8-block system prompt, then measures
-// LookupRoute latency serially and on every core, and the index's memory.
+// Command demo is the README's run command: it starts the cache server in
+// process on embedded defaults (127.0.0.1, ephemeral ports, control
+// endpoints without auth since nothing leaves the machine), drives it with
+// a short, seeded load-generator scenario (multi-turn chat, whose sessions
+// reuse their earlier turns' KV blocks, so lookups get PREFIX_MATCH), and
+// prints the report, checked against the server's own /metrics.
 package main
 
 import (
-	"encoding/binary"
+	"context"
+	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
 	"os"
-	"runtime"
+	"os/signal"
 	"slices"
-	"sync"
-	"sync/atomic"
+	"strings"
+	"syscall"
 	"time"
 
-	"github.com/inferencecache/inferencecache/engine"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/inferencecache/inferencecache/loadgen"
+	"github.com/inferencecache/inferencecache/server"
 )
 
 func main() {
-	prompts := flag.Int("prompts", 20000, "distinct 64-block prompts to index")
-	dur := flag.Duration("duration", 2*time.Second, "how long each lookup phase runs")
-	flag.Parse()
-	if err := run(*prompts, *dur); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(prompts int, dur time.Duration) error {
-	const blocks, sys = 64, 8
-	replicas := make([]string, 32)
-	for i := range replicas {
-		replicas[i] = fmt.Sprintf("vllm-%02d", i)
-	}
-	hash := func(p, j int) []byte {
-		if j < sys {
-			p = -1
-		}
-		return binary.BigEndian.AppendUint64(nil, (uint64(p+1)<<8|uint64(j))*0x9E3779B97F4A7C15)
-	}
-	chain := func(p int) [][]byte {
-		c := make([][]byte, blocks)
-		for j := range c {
-			c[j] = hash(p, j)
-		}
-		return c
-	}
-	counts := make([]int32, blocks)
-	for i := range counts {
-		counts[i] = 16
-	}
-	e := engine.New(engine.Config{MaxEntries: 0})
-	r := rand.New(rand.NewPCG(1, 2))
-	now := time.Now().UnixMicro()
-	start := time.Now()
-	written := 0
-	for p := 0; p < prompts; p++ {
-		c := chain(p)
-		for _, h := range r.Perm(32)[:1+r.IntN(3)] {
-			e.Ingest(&engine.Update{TenantID: "demo", ModelID: "llama", HashScheme: "vllm", ReplicaID: replicas[h], TimestampUs: now,
-				Prefixes: []engine.PrefixEntry{{BlockHashes: c, BlockTokenCounts: counts}}}, now)
-			written += blocks
-		}
-	}
-	ingest := time.Since(start)
-	mem := e.Memory()
-	fmt.Printf("ingest: %d blocks in %v (%.2fM blocks/s), %d storage entries over %d keys\n",
-		written, ingest.Round(time.Millisecond), float64(written)/ingest.Seconds()/1e6, mem.Entries, mem.Keys)
-	fmt.Printf("memory: %.1f B per storage entry (%d MiB held)\n", float64(mem.TotalBytes)/float64(mem.Entries), mem.TotalBytes>>20)
+// stopTimeout bounds the server's drain at the end of the demo.
+const stopTimeout = 15 * time.Second
 
-	reqs := make([]engine.LookupRequest, 1024)
-	for i := range reqs {
-		reqs[i] = engine.LookupRequest{TenantID: "demo", ModelID: "llama", HashScheme: "vllm", BlockHashes: chain(r.IntN(prompts)), BlockTokenCounts: counts}
-	}
-	for _, workers := range []int{1, runtime.GOMAXPROCS(0)} {
-		var total atomic.Int64
-		lat := make([][]time.Duration, workers)
-		var wg sync.WaitGroup
-		deadline := time.Now().Add(dur)
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var res engine.LookupResult
-				for i := 0; time.Now().Before(deadline); i++ {
-					t0 := time.Now()
-					e.LookupRoute(&reqs[i%len(reqs)], now, &res)
-					if i%64 == 0 {
-						lat[w] = append(lat[w], time.Since(t0))
-					}
-					total.Add(1)
-				}
-			}()
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	lg := loadgen.DefaultConfig()
+	lg.Rate = 1000
+	lg.Warmup = time.Second
+	lg.Duration = 5 * time.Second
+	var jsonOut string
+	var quiet bool
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&lg.Workload.Kind, "workload", lg.Workload.Kind, "chat, rag or shared-prompt")
+	fs.Float64Var(&lg.Rate, "rate", lg.Rate, "lookups per second (Poisson arrivals)")
+	fs.DurationVar(&lg.Warmup, "warmup", lg.Warmup, "warm-up, excluded from the figures")
+	fs.DurationVar(&lg.Duration, "duration", lg.Duration, "measured window")
+	fs.Uint64Var(&lg.Seed, "seed", lg.Seed, "workload and arrival seed")
+	fs.StringVar(&jsonOut, "json", "", "also write the JSON report to this file")
+	fs.BoolVar(&quiet, "quiet", false, "no progress line")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
 		}
-		wg.Wait()
-		all := slices.Concat(lat...)
-		slices.Sort(all)
-		q := func(f float64) time.Duration { return all[int(f*float64(len(all)-1))] }
-		fmt.Printf("lookup (%d goroutine(s)): %.0f lookups/s, p50 %v, p99 %v, p99.9 %v\n",
-			workers, float64(total.Load())/dur.Seconds(), q(0.5), q(0.99), q(0.999))
+		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+
+	cfg := server.DefaultConfig()
+	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.InsecureDisableAuth = true // loopback only; see the line printed below
+	cfg.DrainTimeout = 5 * time.Second
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	srv, err := server.New(cfg)
+	if err != nil {
+		return fmt.Errorf("cannot start the server: %w", err)
+	}
+	sctx, stopServer := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServer()
+	served := make(chan error, 1)
+	go func() { served <- srv.Run(sctx) }()
+	stop := func() error {
+		stopServer()
+		select {
+		case err := <-served:
+			return err
+		case <-time.After(stopTimeout):
+			return fmt.Errorf("the server did not stop within %v", stopTimeout)
+		}
+	}
+	select {
+	case <-srv.Ready():
+	case err := <-served:
+		return fmt.Errorf("the server stopped before serving: %w", err)
+	case <-time.After(10 * time.Second):
+		return errors.Join(errors.New("the server was not ready within 10s"), stop())
+	}
+	fmt.Fprintf(stdout, "inferencecache demo: server in process, gRPC %s, metrics http://%s/metrics "+
+		"(control endpoints without auth: loopback demo only)\n\n", srv.GRPCAddr(), srv.HTTPAddr())
+
+	lg.Target = srv.GRPCAddr().String()
+	if !quiet {
+		lg.Progress = stderr
+	}
+	rep, err := loadgen.Run(ctx, lg)
+	if err != nil {
+		return errors.Join(err, stop())
+	}
+	rep.Machine.Note = "Client and server share this machine."
+	if err := rep.WriteMarkdown(stdout); err != nil {
+		return errors.Join(err, stop())
+	}
+	if jsonOut != "" {
+		f, err := os.Create(jsonOut)
+		if err == nil {
+			err = errors.Join(rep.WriteJSON(f), f.Close())
+		}
+		if err != nil {
+			return errors.Join(fmt.Errorf("cannot write %s: %w", jsonOut, err), stop())
+		}
+	}
+	checkErr := checkMetrics(ctx, stdout, srv.HTTPAddr().String(), lg.ModelID, rep)
+	return errors.Join(checkErr, stop())
+}
+
+// checkMetrics prints the server's LookupRoute count by reason code from
+// its /metrics and fails when it differs from the load generator's.
+func checkMetrics(ctx context.Context, w io.Writer, httpAddr, modelID string, rep *loadgen.Report) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot scrape the server's /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return fmt.Errorf("cannot parse the server's /metrics: %w", err)
+	}
+	got := map[string]int64{}
+	if fam := fams["inferencecache_lookup_route_calls_total"]; fam != nil {
+		for _, m := range fam.GetMetric() {
+			var mod, reason string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "model":
+					mod = l.GetValue()
+				case "reason_code":
+					reason = l.GetValue()
+				}
+			}
+			if mod == modelID {
+				got[reason] += int64(m.GetCounter().GetValue())
+			}
+		}
+	}
+	var parts []string
+	var total int64
+	for _, k := range slices.Sorted(maps.Keys(got)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, got[k]))
+		total += got[k]
+	}
+	fmt.Fprintf(w, "\nServer /metrics, inferencecache_lookup_route_calls_total{model=%q}: %d (%s), warm-up included.\n",
+		modelID, total, strings.Join(parts, ", "))
+	if rep.Totals.Errors == 0 && !maps.Equal(got, rep.Totals.Reasons) {
+		return fmt.Errorf("the server counted %v LookupRoute calls by reason, the load generator %v", got, rep.Totals.Reasons)
+	}
+	fmt.Fprintln(w, "It matches the load generator's count of responses.")
 	return nil
 }
