@@ -54,13 +54,13 @@ func newEnv(t testing.TB, o envOpts) *env {
 }
 
 // serve runs svc on a loopback listener and returns a connected client.
-func serve(t testing.TB, svc pb.InferenceCacheServer) pb.InferenceCacheClient {
+func serve(t testing.TB, svc pb.InferenceCacheServer, opts ...grpc.ServerOption) pb.InferenceCacheClient {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(32 << 20))
+	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(32 << 20)}, opts...)...)
 	pb.RegisterInferenceCacheServer(gs, svc)
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),

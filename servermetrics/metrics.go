@@ -70,11 +70,14 @@ type Metrics struct {
 	probeAuth       *prometheus.CounterVec   // result
 
 	// models caches each model's resolved lookup series. Entries are added
-	// (under modelsMu, so each model's series are resolved once) and never
-	// removed; reads are lock-free.
-	models   *xsync.MapOf[string, *modelSeries]
+	// under modelsMu and never removed; reads (ObserveLookup) are lock-free
+	// map loads.
+	models *xsync.MapOf[string, *modelSeries]
+	// modelsMu serializes the first-time creation of a model's entry in
+	// models, so its series are resolved once; only modelSlow takes it.
 	modelsMu sync.Mutex
-	// entries caches the index_entries child per model; same lifecycle.
+	// entries caches the index_entries child per model (LoadOrCompute on
+	// first use, never removed); reads are lock-free.
 	entries *xsync.MapOf[string, prometheus.Gauge]
 }
 
@@ -86,7 +89,9 @@ type modelSeries struct {
 	// per (reason code, hint used) seen so far. It is replaced copy-on-write
 	// under mu when a new pair first appears; readers scan it lock-free.
 	calls atomic.Pointer[[]callSeries]
-	mu    sync.Mutex
+	// mu serializes writers of calls (counter's slow path); readers never
+	// take it.
+	mu sync.Mutex
 }
 
 type callSeries struct {
