@@ -148,7 +148,7 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 
 	// 9. A result that arrives after the deadline is discarded (and
 	// credits nothing).
-	if ctx.Err() != nil || expired(budgetEnd, s.now()) {
+	if ctx.Err() != nil || (!budgetEnd.IsZero() && s.now().After(budgetEnd)) {
 		return s.emptyResponse(model, ReasonTimeout, start, in.echo), nil
 	}
 
