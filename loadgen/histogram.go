@@ -134,6 +134,9 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	for i, c := range h.counts {
 		seen += c
 		if seen >= rank {
+			if i == histBuckets-1 {
+				return time.Duration(h.max) // holds the clamped over-range samples
+			}
 			lo, w := bucketRange(i)
 			v := lo + w/2
 			return time.Duration(min(max(v, h.min), h.max))

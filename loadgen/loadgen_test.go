@@ -1,26 +1,41 @@
 package loadgen_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"maps"
-	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/loadgen"
+	"github.com/inferencecache/inferencecache/rpc"
 )
 
-func TestRunAgainstServer(t *testing.T) {
-	s := startServer(t)
-	cfg := loadgen.DefaultConfig()
-	cfg.Target = s.grpcAddr()
-	cfg.Rate = 500
-	cfg.Warmup = 500 * time.Millisecond
-	cfg.Duration = 2 * time.Second
-	cfg.ClearEvery = 700 * time.Millisecond
-	if testing.Verbose() {
-		cfg.Progress = os.Stderr
-	}
+// syncBuffer is a bytes.Buffer safe for the progress loop and the test.
+type syncBuffer struct {
+	// mu guards b.
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func runLoad(t *testing.T, cfg loadgen.Config) *loadgen.Report {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rep, err := loadgen.Run(ctx, cfg)
@@ -28,10 +43,190 @@ func TestRunAgainstServer(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	if testing.Verbose() {
-		_ = rep.WriteMarkdown(os.Stderr)
+		var md bytes.Buffer
+		_ = rep.WriteMarkdown(&md)
+		t.Logf("report:\n%s", md.String())
 	}
-	got := s.lookupCalls(t, cfg.ModelID)
+	return rep
+}
+
+// checkAgainstMetrics compares the report's per-reason totals with the
+// server's inferencecache_lookup_route_calls_total.
+func checkAgainstMetrics(t *testing.T, s *testServer, rep *loadgen.Report, modelID string) {
+	t.Helper()
+	if rep.Totals.Errors != 0 {
+		t.Fatalf("%d lookups failed; the server may have counted them", rep.Totals.Errors)
+	}
+	got := s.lookupCalls(t, modelID)
 	if !maps.Equal(got, rep.Totals.Reasons) {
-		t.Errorf("server counts %v, report totals %v", got, rep.Totals.Reasons)
+		t.Errorf("server /metrics counts %v, the report's totals %v", got, rep.Totals.Reasons)
+	}
+	var sum int64
+	for _, v := range rep.Reasons {
+		sum += v
+	}
+	if sum != rep.Lookups.OK || int64(rep.Latency.Count) != rep.Lookups.OK ||
+		rep.Lookups.OK+rep.Lookups.WarmupCalls != rep.Totals.Responses+rep.Totals.Errors {
+		t.Errorf("inconsistent counts: reasons %d, ok %d, latency samples %d, warm-up %d, totals %d",
+			sum, rep.Lookups.OK, rep.Latency.Count, rep.Lookups.WarmupCalls, rep.Totals.Responses)
+	}
+}
+
+// TestRunAgainstServer is the acceptance test: a 2-second scenario
+// against a real server, checked against the server's own /metrics.
+func TestRunAgainstServer(t *testing.T) {
+	s := startServer(t, nil)
+	var progress syncBuffer
+	cfg := loadgen.DefaultConfig()
+	cfg.Target = s.grpcAddr()
+	cfg.Rate = 300
+	cfg.Warmup = 500 * time.Millisecond
+	cfg.Duration = 2 * time.Second
+	cfg.ReplicaCacheBlocks = 4096 // small caches: evictions within the run
+	cfg.ClearEvery = 600 * time.Millisecond
+	cfg.Progress = &progress
+	rep := runLoad(t, cfg)
+	checkAgainstMetrics(t, s, rep, cfg.ModelID)
+
+	if rep.Lookups.Errors != 0 || rep.Lookups.Unfinished != 0 {
+		t.Errorf("errors %d, unfinished %d", rep.Lookups.Errors, rep.Lookups.Unfinished)
+	}
+	// Poisson(600) arrivals in the window: sd 24.5; allow 5 sd.
+	if ok := rep.Lookups.OK; ok < 600-125 || ok > 600+125 {
+		t.Errorf("%d responses in the window, want about 600", ok)
+	}
+	if rep.Hints.PrefixMatch < 0.2 || rep.Feedback.ModeledBlockHitRatio <= 0 {
+		t.Errorf("PREFIX_MATCH share %.3f, modeled hit ratio %.3f: chat turns should match earlier turns",
+			rep.Hints.PrefixMatch, rep.Feedback.ModeledBlockHitRatio)
+	}
+	f := rep.Feedback
+	if f.Reports == 0 || f.ReportedBlocks == 0 || f.Evictions == 0 || f.Clears == 0 || f.ReportErrors != 0 || f.EvictionErrors != 0 {
+		t.Errorf("feedback %+v: want reports, evictions and clears without errors", f)
+	}
+	if f.RoutedByHint+f.RoutedByFallback != rep.Totals.Responses {
+		t.Errorf("%d routed lookups, %d responses", f.RoutedByHint+f.RoutedByFallback, rep.Totals.Responses)
+	}
+	if rep.Latency.P50Us <= 0 || rep.Latency.P50Us > rep.Latency.P99Us || rep.Latency.P99Us > rep.Latency.MaxUs {
+		t.Errorf("latency percentiles out of order: %+v", rep.Latency)
+	}
+	// At most one progress line a second over a 2.5 s run.
+	lines := strings.Count(progress.String(), "\n")
+	if lines < 1 || lines > 3 {
+		t.Errorf("%d progress lines in 2.5s:\n%s", lines, progress.String())
+	}
+}
+
+func TestClosedLoopTraceReplay(t *testing.T) {
+	s := startServer(t, nil)
+	cfg := loadgen.DefaultConfig()
+	cfg.Target = s.grpcAddr()
+	cfg.Mode = loadgen.ClosedLoop
+	cfg.Concurrency = 4
+	cfg.Workload = loadgen.WorkloadConfig{Kind: loadgen.WorkloadTrace, TracePath: "../bench/workload/testdata/sample_trace.jsonl"}
+	cfg.Warmup = 200 * time.Millisecond
+	cfg.Duration = time.Second
+	// The sample's 164 requests wrap (with fresh hashes) every few
+	// milliseconds at full speed: prefills must finish within an epoch for
+	// later requests to match.
+	cfg.PrefillPerToken, cfg.PrefillBase = 0, 200*time.Microsecond
+	cfg.FlushInterval = time.Millisecond
+	rep := runLoad(t, cfg)
+	checkAgainstMetrics(t, s, rep, cfg.ModelID)
+	if rep.Lookups.OK == 0 || rep.Reasons["PREFIX_MATCH"] == 0 {
+		t.Errorf("closed-loop trace replay: %d responses, reasons %v", rep.Lookups.OK, rep.Reasons)
+	}
+	if rep.Scenario.WorkloadRequests != 164 {
+		t.Errorf("trace epoch of %d requests, want the sample's 164", rep.Scenario.WorkloadRequests)
+	}
+}
+
+func TestOpenLoopTraceArrivals(t *testing.T) {
+	s := startServer(t, nil)
+	cfg := loadgen.DefaultConfig()
+	cfg.Target = s.grpcAddr()
+	cfg.Arrival = loadgen.ArrivalTrace
+	cfg.Speedup = 50 // the sample trace spans ~5 min: about 30 requests a second
+	cfg.Workload = loadgen.WorkloadConfig{Kind: loadgen.WorkloadTrace, TracePath: "../bench/workload/testdata/sample_trace.jsonl"}
+	cfg.PopulateRequests = 20
+	cfg.Warmup = 0
+	cfg.Duration = time.Second
+	rep := runLoad(t, cfg)
+	checkAgainstMetrics(t, s, rep, cfg.ModelID)
+	if rep.Lookups.OK < 5 || rep.Lookups.OK > 150 {
+		t.Errorf("%d responses in 1s of the sample trace at x50", rep.Lookups.OK)
+	}
+}
+
+// slowIndex delays every lookup, to saturate the server.
+type slowIndex struct {
+	rpc.Index
+	delay time.Duration
+}
+
+func (s slowIndex) LookupRoute(req *engine.LookupRequest, now int64, res *engine.LookupResult) {
+	time.Sleep(s.delay)
+	s.Index.LookupRoute(req, now, res)
+}
+
+// TestCoordinatedOmission saturates a server whose lookups take 10 ms with
+// 200 requests a second through 1 worker: capacity is under 100 a second,
+// so requests queue and their latency, timed from the intended send, grows
+// far beyond the 10 ms a naive sender would report; what the drain
+// deadline cuts off is counted as unfinished.
+func TestCoordinatedOmission(t *testing.T) {
+	s := startServer(t, func(i rpc.Index) rpc.Index { return slowIndex{Index: i, delay: 10 * time.Millisecond} })
+	cfg := loadgen.DefaultConfig()
+	cfg.Target = s.grpcAddr()
+	cfg.Arrival = loadgen.ArrivalConstant
+	cfg.Rate = 200
+	cfg.Concurrency = 1
+	cfg.Warmup = 0
+	cfg.Duration = time.Second
+	cfg.DrainTimeout = 300 * time.Millisecond
+	rep := runLoad(t, cfg)
+	if rep.Lookups.Unfinished == 0 {
+		t.Errorf("no unfinished requests at twice the server's capacity")
+	}
+	if rep.Lookups.OK+rep.Lookups.Unfinished+rep.Lookups.Errors != 200 {
+		t.Errorf("ok %d + unfinished %d + errors %d, want the 200 scheduled", rep.Lookups.OK, rep.Lookups.Unfinished, rep.Lookups.Errors)
+	}
+	if rep.Latency.P90Us < 200_000 {
+		t.Errorf("p90 %.0f µs: queueing behind a 10 ms server at 2x capacity for 1s must show in the latency", rep.Latency.P90Us)
+	}
+	if rep.SendLag.P90Us < 100_000 {
+		t.Errorf("send lag p90 %.0f µs, want the queueing delay", rep.SendLag.P90Us)
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for name, mut := range map[string]func(*loadgen.Config){
+		"no target":      func(c *loadgen.Config) { c.Target = "" },
+		"zero rate":      func(c *loadgen.Config) { c.Rate = 0 },
+		"bad mode":       func(c *loadgen.Config) { c.Mode = "half-open" },
+		"bad arrival":    func(c *loadgen.Config) { c.Arrival = "bursty" },
+		"no speedup":     func(c *loadgen.Config) { c.Arrival, c.Speedup = loadgen.ArrivalTrace, 0 },
+		"zero duration":  func(c *loadgen.Config) { c.Duration = 0 },
+		"no replicas":    func(c *loadgen.Config) { c.Replicas = 0 },
+		"no concurrency": func(c *loadgen.Config) { c.Concurrency = 0 },
+		"empty tenant":   func(c *loadgen.Config) { c.TenantID = "" },
+		"bad workload":   func(c *loadgen.Config) { c.Workload.Kind = "bursty" },
+	} {
+		cfg := loadgen.DefaultConfig()
+		mut(&cfg)
+		if _, err := loadgen.Run(ctx, cfg); !errors.Is(err, loadgen.ErrInvalidConfig) {
+			t.Errorf("%s: error %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	// Nothing listens on port 1: the populate phase fails, fast.
+	cfg := loadgen.DefaultConfig()
+	cfg.Target = "127.0.0.1:1"
+	start := time.Now()
+	if _, err := loadgen.Run(ctx, cfg); err == nil {
+		t.Error("a run against a closed port succeeded")
+	}
+	if el := time.Since(start); el > 20*time.Second {
+		t.Errorf("failing against a closed port took %v", el)
 	}
 }

@@ -390,7 +390,9 @@ func (r *replica) resync(ctx context.Context) {
 	})
 	cancel()
 	if err != nil {
-		r.c.clearErrors.Add(1)
+		if ctx.Err() == nil {
+			r.c.clearErrors.Add(1)
+		}
 		r.dirty.Store(true) // try again next interval
 		return
 	}
@@ -451,11 +453,12 @@ func (r *replica) clear(ctx context.Context) {
 		Type: pb.CacheEvent_ALL_CLEARED, ReplicaId: r.id, ModelId: cfg.ModelID, TenantId: cfg.TenantID,
 		TimestampUs: time.Now().UnixMicro(),
 	})
-	if err != nil {
+	switch {
+	case err == nil:
+		r.c.clears.Add(1)
+	case ctx.Err() == nil: // not merely cut off by the end of the run
 		r.c.clearErrors.Add(1)
-		return
 	}
-	r.c.clears.Add(1)
 }
 
 // loop is the replica's goroutine: flush every FlushInterval until ctx
@@ -520,11 +523,14 @@ func (r *replica) evictLoop(ctx context.Context) {
 			cctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
 			_, err := r.c.client.PublishEvent(cctx, ev)
 			cancel()
-			if err != nil {
+			switch {
+			case err == nil:
+				r.c.evictions.Add(1)
+			case ctx.Err() != nil: // cut off by the end of the run
+				r.c.evictionsDropped.Add(1)
+			default:
 				r.c.evictionErrors.Add(1)
-				continue
 			}
-			r.c.evictions.Add(1)
 		}
 	}
 }

@@ -86,9 +86,10 @@ type Lookups struct {
 	OK           int64            `json:"ok"`
 	Errors       int64            `json:"errors"`
 	ErrorsByCode map[string]int64 `json:"errorsByCode,omitempty"`
-	// Unsent counts open-loop requests scheduled in the run that were never
-	// sent because the drain deadline passed: the server fell behind.
-	Unsent      int64   `json:"unsent"`
+	// Unfinished counts requests of the run that had no answer when the
+	// drain deadline passed (never sent, or cut off in flight): the server
+	// fell behind the open-loop schedule. They are not errors.
+	Unfinished  int64   `json:"unfinished"`
 	WarmupCalls int64   `json:"warmupCalls"`
 	ElapsedSec  float64 `json:"elapsedSec"`
 	// ThroughputPerSec is OK responses in the window over its duration.
@@ -222,7 +223,7 @@ func (r *runner) fill(rep *Report, elapsed time.Duration) {
 	if len(errs) > 0 {
 		rep.Lookups.ErrorsByCode = errs
 	}
-	rep.Lookups.Unsent = r.unsent.Load()
+	rep.Lookups.Unfinished = r.unfinished.Load()
 	rep.Lookups.ElapsedSec = elapsed.Seconds()
 	rep.Lookups.ThroughputPerSec = float64(rep.Lookups.OK) / r.cfg.Duration.Seconds()
 	rep.Latency = summarize(&lat)
@@ -320,8 +321,8 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	b.WriteString("\n\n")
 
 	l := rep.Lookups
-	fmt.Fprintf(&b, "| throughput | responses | errors | unsent | warm-up calls |\n|---:|---:|---:|---:|---:|\n")
-	fmt.Fprintf(&b, "| %.0f /s | %d | %d | %d | %d |\n\n", l.ThroughputPerSec, l.OK, l.Errors, l.Unsent, l.WarmupCalls)
+	fmt.Fprintf(&b, "| throughput | responses | errors | unfinished | warm-up calls |\n|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| %.0f /s | %d | %d | %d | %d |\n\n", l.ThroughputPerSec, l.OK, l.Errors, l.Unfinished, l.WarmupCalls)
 	if len(l.ErrorsByCode) > 0 {
 		fmt.Fprintf(&b, "Errors by code: %s\n\n", fmtCounts(l.ErrorsByCode))
 	}
@@ -396,7 +397,7 @@ func Compare(a, b *Report) []Delta {
 		{"AFFINITY_HINT share", true, func(r *Report) float64 { return r.Hints.Affinity }},
 		{"modeled block hit ratio", true, func(r *Report) float64 { return r.Feedback.ModeledBlockHitRatio }},
 		{"errors", false, func(r *Report) float64 { return float64(r.Lookups.Errors) }},
-		{"unsent", false, func(r *Report) float64 { return float64(r.Lookups.Unsent) }},
+		{"unfinished", false, func(r *Report) float64 { return float64(r.Lookups.Unfinished) }},
 	}
 	out := make([]Delta, 0, len(rows))
 	for _, row := range rows {

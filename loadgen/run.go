@@ -78,10 +78,10 @@ type runner struct {
 
 	recs []*recorder
 
-	// unsent counts open-loop requests scheduled inside the window that
-	// were never sent (the drain deadline passed first); written by the
-	// scheduler and the workers.
-	unsent atomic.Int64
+	// unfinished counts requests of the run without an answer when the
+	// drain deadline passed (never sent, or cut off in flight); written by
+	// the scheduler and the workers.
+	unfinished atomic.Int64
 	// started is when lookups began; written before any worker starts.
 	started time.Time
 }
@@ -222,8 +222,8 @@ func (r *runner) clearLoop(ctx context.Context) {
 }
 
 // openLoop schedules requests at their intended times until end and lets
-// Concurrency workers send them; requests still unsent at drainBy count as
-// unsent.
+// Concurrency workers send them; requests without an answer at drainBy
+// count as unfinished.
 func (r *runner) openLoop(ctx context.Context, end, drainBy time.Time) {
 	cfg := r.cfg
 	var sched *Schedule
@@ -276,9 +276,9 @@ func (r *runner) openLoop(ctx context.Context, end, drainBy time.Time) {
 	// is finite before the window closes, and cheap to walk.
 	if ctx.Err() != nil {
 		for off := sched.Next(); off < window; off = sched.Next() {
-			r.unsent.Add(1)
+			r.unfinished.Add(1)
 		}
-		r.unsent.Add(1) // the request the loop broke on
+		r.unfinished.Add(1) // the request the loop broke on
 	}
 	wg.Wait()
 }
@@ -287,7 +287,7 @@ func (r *runner) openWorker(ctx context.Context, rec *recorder, jobs <-chan job,
 	var w worker
 	for j := range jobs {
 		if ctx.Err() != nil || time.Now().After(drainBy) {
-			r.unsent.Add(1)
+			r.unfinished.Add(1)
 			continue
 		}
 		w.lookup(ctx, r, rec, r.first+j.i, j.intended, j.measured)
@@ -345,6 +345,11 @@ func (w *worker) lookup(ctx context.Context, r *runner, rec *recorder, i uint64,
 
 	if err == nil {
 		r.cluster.route(resp, wreq, epoch, keys, done)
+	} else if ctx.Err() != nil {
+		// Cut off by the end of the run, not failed: the server may or may
+		// not have answered it.
+		r.unfinished.Add(1)
+		return
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/inferencecache/inferencecache/rpc"
 	"github.com/inferencecache/inferencecache/server"
 )
 
@@ -21,10 +22,11 @@ type testServer struct {
 }
 
 // startServer starts a server on ephemeral 127.0.0.1 ports and stops it
-// (bounded) when the test ends.
-func startServer(t *testing.T) *testServer {
+// (bounded) when the test ends. wrap, when non-nil, wraps its index.
+func startServer(t *testing.T, wrap func(rpc.Index) rpc.Index) *testServer {
 	t.Helper()
 	cfg := server.DefaultConfig()
+	cfg.WrapIndex = wrap
 	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.InsecureDisableAuth = true
 	cfg.DrainTimeout = 5 * time.Second

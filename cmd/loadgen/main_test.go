@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inferencecache/inferencecache/loadgen"
+	"github.com/inferencecache/inferencecache/server"
+)
+
+func startServer(t *testing.T) string {
+	t.Helper()
+	cfg := server.DefaultConfig()
+	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.InsecureDisableAuth = true
+	cfg.DrainTimeout = 5 * time.Second
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	srv, err := server.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Error("server did not stop within 15s")
+		}
+	})
+	select {
+	case <-srv.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("server not ready within 10s")
+	}
+	return srv.GRPCAddr().String()
+}
+
+func TestRunAndCompare(t *testing.T) {
+	addr := startServer(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i, args := range [][]string{
+		{"-addr", addr, "-rate", "200", "-warmup", "200ms", "-duration", "1s", "-json", filepath.Join(dir, "a.json"), "-md", filepath.Join(dir, "a.md"), "-note", "test box"},
+		{"run", "-addr", addr, "-mode", "closed", "-concurrency", "2", "-workload", "rag", "-warmup", "0s", "-duration", "1s", "-json", filepath.Join(dir, "b.json"), "-quiet"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := run(ctx, args, &stdout, &stderr); err != nil {
+			t.Fatalf("run %d: %v\n%s", i, err, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), "| LookupRoute latency |") {
+			t.Fatalf("run %d printed no report:\n%s", i, stdout.String())
+		}
+		if quiet := i == 1; quiet != (stderr.Len() == 0) {
+			t.Errorf("run %d: progress output %q", i, stderr.String())
+		}
+	}
+	a, err := loadgen.LoadReport(filepath.Join(dir, "a.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Machine.Note != "test box" || a.Scenario.Rate != 200 {
+		t.Errorf("report a: note %q, rate %v", a.Machine.Note, a.Scenario.Rate)
+	}
+	if md, err := os.ReadFile(filepath.Join(dir, "a.md")); err != nil || !bytes.Contains(md, []byte("Hint ratios")) {
+		t.Errorf("Markdown report: %v\n%s", err, md)
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, []string{"compare", filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json")}, &stdout, &stderr); err != nil {
+		t.Fatalf("compare: %v", err)
+	}
+	if !strings.Contains(stdout.String(), "| throughput /s |") {
+		t.Errorf("compare printed:\n%s", stdout.String())
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, args := range [][]string{
+		{"-no-such-flag"},
+		{"extra-arg"},
+		{"-mode", "sideways"},
+		{"-tls", "-tls-ca", "testdata/missing.pem"},
+		{"compare", "one.json"},
+		{"compare", "missing-a.json", "missing-b.json"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := run(ctx, args, &stdout, &stderr); err == nil {
+			t.Errorf("run(%q) succeeded", args)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if err := run(ctx, []string{"-help"}, &stdout, &stderr); err != nil || !strings.Contains(stderr.String(), "-rate") {
+		t.Errorf("-help: %v\n%s", err, stderr.String())
+	}
+}
