@@ -43,7 +43,9 @@ func TestHistogramAccuracy(t *testing.T) {
 		draw func(r *rand.Rand) time.Duration
 	}{
 		// Log-uniform from 100 ns to 10 s: every magnitude equally often.
-		{"log-uniform", func(r *rand.Rand) time.Duration { return time.Duration(math.Exp(math.Log(100) + r.Float64()*math.Log(1e8))) }},
+		{"log-uniform", func(r *rand.Rand) time.Duration {
+			return time.Duration(math.Exp(math.Log(100) + r.Float64()*math.Log(1e8)))
+		}},
 		// A typical latency shape: a body near 200 µs and a long tail.
 		{"lognormal", func(r *rand.Rand) time.Duration {
 			return time.Duration(200e3 * math.Exp(0.8*r.NormFloat64()))
