@@ -58,7 +58,7 @@ envtest: ## Build (or reuse) the envtest binaries and print their folder.
 
 .PHONY: bench-report
 bench-report: ## Regenerate the routing-quality simulator report (bench/results).
-	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results
+	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation
 
 .PHONY: clean
 clean: ## Remove build output.

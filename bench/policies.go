@@ -32,12 +32,15 @@ func leastLoaded(v *View) int {
 	return best
 }
 
-// DefaultPolicies returns the baselines compared by Run, in report order:
-// random, round-robin, least-loaded, longest-prefix, Dynamo's cost
+// DefaultPolicies returns the policies compared by Run, in report order:
+// this project's LookupRoute (EnginePolicy), then the baselines random, round-robin, least-loaded, longest-prefix, Dynamo's cost
 // function and SGLang's cache-aware policy (with its own approximate tree,
 // then with the event-fed index), with their documented defaults.
 func DefaultPolicies() []Policy {
 	return []Policy{
+		EnginePolicy(),
+		EnginePolicyWith(EnginePolicyName+"-no-refresh", EngineOptions{}),
+		EnginePolicyWith(EnginePolicyName+"-affinity-off", EngineOptions{Refresh: DefaultRefresh, Policy: affinityOff()}),
 		RandomPolicy(),
 		RoundRobinPolicy(),
 		LeastLoadedPolicy(),
