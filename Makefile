@@ -56,6 +56,15 @@ manifests: ## Regenerate CRDs and deepcopy code with controller-gen.
 envtest: ## Build (or reuse) the envtest binaries and print their folder.
 	@bash hack/envtest-assets.sh
 
+.PHONY: profile
+profile: ## Profile the server under a fixed loadgen scenario into profiles/ (CPU, heap, allocs, mutex, block); print the top entries.
+	$(GO) build -overlay profiles/overlay.json -o $(BIN)/server-profile ./cmd/server
+	$(GO) run ./cmd/loadgen profile -server $(BIN)/server-profile -out profiles -quiet
+	@for p in cpu allocs heap mutex block; do \
+		echo; echo "== $$p (top 15)"; \
+		$(GO) tool pprof -top -nodecount=15 profiles/$$p.pprof 2>/dev/null | sed -n '/flat%/,$$p'; \
+	done
+
 .PHONY: bench-report
 bench-report: ## Regenerate the routing-quality simulator report (bench/results).
 	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation

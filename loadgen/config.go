@@ -100,6 +100,12 @@ type Config struct {
 
 	// Progress receives a live line at most once a second; nil is silent.
 	Progress io.Writer
+	// OnWindow, when set, is called with true when the measured window
+	// opens (after the warm-up) and with false when it closes, from a
+	// goroutine of Run; Run returns only after both calls (or after ctx
+	// ended). Harnesses use it to take profiles or resource readings
+	// exactly over the window.
+	OnWindow func(open bool)
 }
 
 // DefaultConfig returns a 10-second open-loop chat run at 1,000 lookups a

@@ -36,6 +36,17 @@ type Report struct {
 	Hints    Hints            `json:"hints"`
 	Feedback Feedback         `json:"feedback"`
 	Totals   Totals           `json:"totals"`
+	// Server is filled by harnesses that run the server as a process
+	// (cmd/loadgen profile and ab); Run leaves it nil.
+	Server *ServerUsage `json:"server,omitempty"`
+}
+
+// ServerUsage is the server process's resource use over the measured
+// window, from its process_cpu_seconds_total.
+type ServerUsage struct {
+	Binary         string  `json:"binary"`
+	CPUSeconds     float64 `json:"cpuSeconds"`
+	CPUPerLookupUs float64 `json:"cpuPerLookupUs"`
 }
 
 // Scenario echoes the configuration that produced a report.
@@ -355,6 +366,10 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		f.RoutedByHint, f.RoutedByFallback, pct(f.ModeledBlockHitRatio), pct(f.HintedBlockHitRatio),
 		f.Reports, f.ReportedBlocks, f.ReportErrors, f.Evictions, f.EvictionsDropped, f.EvictionErrors, f.OrphanEvictions,
 		f.Resyncs, f.ResyncBlocks, f.Clears, f.ClearErrors, p.Requests, p.Blocks, p.Messages, p.Seconds, p.BlocksPerSec)
+	if sv := rep.Server; sv != nil {
+		fmt.Fprintf(&b, "\nServer process %s: %.2f CPU seconds over the window, %.1f µs of CPU per lookup (ingest and events included).\n",
+			sv.Binary, sv.CPUSeconds, sv.CPUPerLookupUs)
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -392,6 +407,12 @@ func Compare(a, b *Report) []Delta {
 		{"max µs", false, func(r *Report) float64 { return r.Latency.MaxUs }},
 		{"server p50 µs", false, func(r *Report) float64 { return r.ServerLatency.P50Us }},
 		{"server p99 µs", false, func(r *Report) float64 { return r.ServerLatency.P99Us }},
+		{"server CPU µs per lookup", false, func(r *Report) float64 {
+			if r.Server == nil {
+				return 0
+			}
+			return r.Server.CPUPerLookupUs
+		}},
 		{"PREFIX_MATCH share", true, func(r *Report) float64 { return r.Hints.PrefixMatch }},
 		{"hint_used share", true, func(r *Report) float64 { return r.Hints.HintUsed }},
 		{"AFFINITY_HINT share", true, func(r *Report) float64 { return r.Hints.Affinity }},

@@ -184,12 +184,17 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	if cfg.Progress != nil {
 		prog.Go(func() { r.progressLoop(progCtx) })
 	}
+	var window sync.WaitGroup
+	if cfg.OnWindow != nil {
+		window.Go(func() { r.windowCalls(runCtx, end) })
+	}
 	if cfg.Mode == ClosedLoop {
 		r.closedLoop(runCtx, end)
 	} else {
 		r.openLoop(runCtx, end, drainBy)
 	}
 	elapsed := time.Since(r.started)
+	window.Wait()
 	stopProg()
 	prog.Wait()
 
@@ -205,6 +210,24 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 		rep.Feedback.ReportErrors++
 	}
 	return rep, nil
+}
+
+// windowCalls calls OnWindow(true) when the warm-up ends and
+// OnWindow(false) at end, unless ctx ends first.
+func (r *runner) windowCalls(ctx context.Context, end time.Time) {
+	for _, at := range []struct {
+		t    time.Time
+		open bool
+	}{{r.started.Add(r.cfg.Warmup), true}, {end, false}} {
+		t := time.NewTimer(time.Until(at.t))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		r.cfg.OnWindow(at.open)
+	}
 }
 
 // clearLoop asks one replica after another to clear its cache.

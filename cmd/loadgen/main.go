@@ -1,9 +1,12 @@
 // Command loadgen drives a running inferencecache server over gRPC and
 // reports LookupRoute latency, throughput, reason codes and hint ratios
-// (package loadgen does the work; this file maps flags).
+// (package loadgen does the work; this command maps flags and, for profile
+// and ab, runs server binaries as child processes on 127.0.0.1).
 //
-//	loadgen [flags]                  run a scenario (see -help)
+//	loadgen [run] [flags]            run a scenario against -addr (see -help)
 //	loadgen compare a.json b.json    diff two JSON reports as B/A ratios
+//	loadgen profile -server BIN      profile a server process under a scenario
+//	loadgen ab -a BIN -b BIN         A/B two server binaries, alternating runs
 package main
 
 import (
@@ -31,36 +34,85 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "compare" {
-		return compare(args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "run" {
-		args = args[1:]
+	if len(args) > 0 {
+		switch args[0] {
+		case "compare":
+			return compare(args[1:], stdout, stderr)
+		case "profile":
+			return profile(ctx, args[1:], stdout, stderr)
+		case "ab":
+			return ab(ctx, args[1:], stdout, stderr)
+		case "run":
+			args = args[1:]
+		}
 	}
 	cfg := loadgen.DefaultConfig()
-	var (
-		mode, arrival              string
-		jsonOut, mdOut             string
-		useTLS, tlsSkipVerify      bool
-		tlsCA, tlsServerName, note string
-		quiet                      bool
-	)
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	sf := scenarioFlags(fs, &cfg)
 	fs.StringVar(&cfg.Target, "addr", cfg.Target, "server gRPC address (host:port)")
+	var (
+		useTLS, tlsSkipVerify bool
+		tlsCA, tlsServerName  string
+	)
 	fs.BoolVar(&useTLS, "tls", false, "dial with TLS")
 	fs.StringVar(&tlsCA, "tls-ca", "", "PEM CA bundle to verify the server (default: system roots)")
 	fs.StringVar(&tlsServerName, "tls-server-name", "", "server name to verify (default: the address's host)")
 	fs.BoolVar(&tlsSkipVerify, "tls-insecure-skip-verify", false, "do not verify the server certificate (testing only)")
+	if done, err := parse(fs, args, stderr); done || err != nil {
+		return err
+	}
+	sf.apply(&cfg, stderr)
+	if useTLS {
+		tc, err := tlsConfig(tlsCA, tlsServerName, tlsSkipVerify)
+		if err != nil {
+			return err
+		}
+		cfg.TLS = tc
+	}
+	rep, err := loadgen.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return sf.output(rep, stdout)
+}
+
+// parse parses args; done is true after -help.
+func parse(fs *flag.FlagSet, args []string, stderr io.Writer) (done bool, _ error) {
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return true, nil
+		}
+		return true, err
+	}
+	if fs.NArg() > 0 {
+		return true, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return false, nil
+}
+
+// scenario holds the flags shared by run, profile and ab that do not map
+// straight onto a Config field.
+type scenario struct {
+	mode, arrival  string
+	jsonOut, mdOut string
+	note           string
+	quiet          bool
+}
+
+// scenarioFlags registers the scenario flags on fs, with cfg's values as
+// defaults.
+func scenarioFlags(fs *flag.FlagSet, cfg *loadgen.Config) *scenario {
+	sf := &scenario{mode: string(cfg.Mode), arrival: string(cfg.Arrival)}
 	fs.StringVar(&cfg.TenantID, "tenant", cfg.TenantID, "tenant id of every request and report")
 	fs.StringVar(&cfg.ModelID, "model", cfg.ModelID, "model id of every request and report")
 	fs.StringVar(&cfg.HashScheme, "hash-scheme", cfg.HashScheme, "hash scheme of every request and report")
 	fs.StringVar(&cfg.Workload.Kind, "workload", cfg.Workload.Kind, "chat, rag, shared-prompt or trace")
-	fs.StringVar(&cfg.Workload.TracePath, "trace", "", "Mooncake JSONL trace for -workload trace (e.g. ../shared/traces/mooncake_conversation_trace.jsonl)")
-	fs.IntVar(&cfg.Workload.Size, "workload-size", 0, "requests per workload epoch (0: 4000 generated, or the whole trace)")
+	fs.StringVar(&cfg.Workload.TracePath, "trace", cfg.Workload.TracePath, "Mooncake JSONL trace for -workload trace (e.g. ../shared/traces/mooncake_conversation_trace.jsonl)")
+	fs.IntVar(&cfg.Workload.Size, "workload-size", cfg.Workload.Size, "requests per workload epoch (0: 4000 generated, or the whole trace)")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "workload and arrival seed")
-	fs.StringVar(&mode, "mode", string(cfg.Mode), "open (target rate) or closed (fixed concurrency)")
-	fs.StringVar(&arrival, "arrival", string(cfg.Arrival), "open-loop arrivals: constant, poisson or trace")
+	fs.StringVar(&sf.mode, "mode", sf.mode, "open (target rate) or closed (fixed concurrency)")
+	fs.StringVar(&sf.arrival, "arrival", sf.arrival, "open-loop arrivals: constant, poisson or trace")
 	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "open-loop target lookups per second")
 	fs.Float64Var(&cfg.Speedup, "speedup", cfg.Speedup, "trace arrivals: time compression factor")
 	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "closed-loop workers; open-loop cap on requests in flight")
@@ -74,43 +126,34 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.PrefillBase, "prefill-base", cfg.PrefillBase, "modeled prefill overhead per request")
 	fs.DurationVar(&cfg.PrefillPerToken, "prefill-per-token", cfg.PrefillPerToken, "modeled prefill time per uncached token")
 	fs.DurationVar(&cfg.PrefillMax, "prefill-max", cfg.PrefillMax, "cap on the modeled prefill time")
-	fs.DurationVar(&cfg.ClearEvery, "clear-every", 0, "one replica publishes ALL_CLEARED at this period (0: never)")
-	fs.StringVar(&jsonOut, "json", "", "write the JSON report to this file")
-	fs.StringVar(&mdOut, "md", "", "write the Markdown report to this file (it is always printed to stdout)")
-	fs.StringVar(&note, "note", "", "free text stored in the report's machine note (e.g. the machine)")
-	fs.BoolVar(&quiet, "quiet", false, "no progress line on stderr")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
-	}
-	cfg.Mode, cfg.Arrival = loadgen.Mode(mode), loadgen.Arrival(arrival)
-	if !quiet {
+	fs.Float64Var(&cfg.EvictionRate, "eviction-rate", cfg.EvictionRate, "cap on PREFIX_EVICTED calls per second, all replicas (0: none)")
+	fs.BoolVar(&cfg.EvictOrphans, "evict-orphans", cfg.EvictOrphans, "also publish evictions of blocks whose parent was evicted already")
+	fs.DurationVar(&cfg.ClearEvery, "clear-every", cfg.ClearEvery, "one replica publishes ALL_CLEARED at this period (0: never)")
+	fs.StringVar(&sf.jsonOut, "json", "", "write the JSON report to this file")
+	fs.StringVar(&sf.mdOut, "md", "", "write the Markdown report to this file (it is always printed to stdout)")
+	fs.StringVar(&sf.note, "note", "", "free text stored in the report's machine note (e.g. the machine)")
+	fs.BoolVar(&sf.quiet, "quiet", false, "no progress line on stderr")
+	return sf
+}
+
+// apply copies the parsed flags into cfg.
+func (sf *scenario) apply(cfg *loadgen.Config, stderr io.Writer) {
+	cfg.Mode, cfg.Arrival = loadgen.Mode(sf.mode), loadgen.Arrival(sf.arrival)
+	if !sf.quiet {
 		cfg.Progress = stderr
 	}
-	if useTLS {
-		tc, err := tlsConfig(tlsCA, tlsServerName, tlsSkipVerify)
-		if err != nil {
-			return err
-		}
-		cfg.TLS = tc
-	}
-	rep, err := loadgen.Run(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	rep.Machine.Note = note
-	if jsonOut != "" {
-		if err := writeFile(jsonOut, rep.WriteJSON); err != nil {
+}
+
+// output notes, writes and prints the report.
+func (sf *scenario) output(rep *loadgen.Report, stdout io.Writer) error {
+	rep.Machine.Note = sf.note
+	if sf.jsonOut != "" {
+		if err := writeFile(sf.jsonOut, rep.WriteJSON); err != nil {
 			return err
 		}
 	}
-	if mdOut != "" {
-		if err := writeFile(mdOut, rep.WriteMarkdown); err != nil {
+	if sf.mdOut != "" {
+		if err := writeFile(sf.mdOut, rep.WriteMarkdown); err != nil {
 			return err
 		}
 	}
