@@ -131,7 +131,14 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 	}
 	if hasPrefixes {
 		sch := e.schemeLocked(d, u.HashScheme)
-		var sc *scope
+		var sc, prevScope *scope
+		// prevOff is the node of the previous legacy entry. Producers that
+		// report one legacy entry per block (the kvevent subscriber) send a
+		// chain's blocks in order, so a legacy entry whose token count grows
+		// past the previous one's is linked as its successor hint. A wrong
+		// link costs a failed validation, never a wrong answer.
+		var prevOff uint32
+		var prevTokens int32
 		for i := range u.Prefixes {
 			p := &u.Prefixes[i]
 			adapter := p.AdapterID
@@ -147,22 +154,30 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				res.Entries += n
 				if !ok {
 					res.Dropped++
+					prevOff = 0
 					continue
 				}
 				if len(p.PrefixHash) > 0 {
-					if e.ingestOneLocked(sc, r, p.PrefixHash, p.TokenCount, tier, ts) {
+					if e.ingestOneLocked(sc, r, p.PrefixHash, p.TokenCount, tier, ts) != 0 {
 						res.Entries++
 					} else {
 						res.Dropped++
 					}
 				}
+				prevOff = 0
 				continue
 			}
-			if e.ingestOneLocked(sc, r, p.PrefixHash, p.TokenCount, tier, ts) {
-				res.Entries++
-			} else {
+			off := e.ingestOneLocked(sc, r, p.PrefixHash, p.TokenCount, tier, ts)
+			if off == 0 {
 				res.Dropped++
+				prevOff = 0
+				continue
 			}
+			res.Entries++
+			if prevOff != 0 && prevScope == sc && p.TokenCount > prevTokens {
+				e.arena.Word(prevOff + nNext).Store(off)
+			}
+			prevOff, prevTokens, prevScope = off, p.TokenCount, sc
 		}
 	}
 	if u.Stats != nil {
@@ -208,12 +223,13 @@ func (e *Engine) ingestChainLocked(sc *scope, r *replica, p *PrefixEntry, tier T
 	return len(p.BlockHashes), true
 }
 
-func (e *Engine) ingestOneLocked(sc *scope, r *replica, h []byte, tokens int32, tier Tier, ts int64) bool {
+// ingestOneLocked writes one legacy entry and returns its node, or 0.
+func (e *Engine) ingestOneLocked(sc *scope, r *replica, h []byte, tokens int32, tier Tier, ts int64) uint32 {
 	k, ok := e.makeKey(h)
 	if !ok {
-		return false
+		return 0
 	}
-	return e.upsertLocked(sc, r, &k, holderWrite{rid: r.id, tokens: tokens, tier: tier, ts: ts}) != 0
+	return e.upsertLocked(sc, r, &k, holderWrite{rid: r.id, tokens: tokens, tier: tier, ts: ts})
 }
 
 func clampInt32(v int64) int32 {

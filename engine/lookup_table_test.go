@@ -346,3 +346,23 @@ func TestRankerDefaults(t *testing.T) {
 		t.Fatalf("defaults %+v", r)
 	}
 }
+
+func TestLegacyEntriesLinkSuccessors(t *testing.T) {
+	x := newTix(t)
+	// One legacy entry per block, in chain order (as the kvevent subscriber
+	// reports), then an unrelated entry with a smaller count.
+	x.e.Ingest(&Update{TenantID: "team", ModelID: "m", HashScheme: "vllm", ReplicaID: "a", TimestampUs: tT,
+		Prefixes: []PrefixEntry{{PrefixHash: h8(1), TokenCount: 16}, {PrefixHash: h8(2), TokenCount: 32}, {PrefixHash: h8(3), TokenCount: 48}, {PrefixHash: h8(9), TokenCount: 16}}}, tT)
+	node := func(v uint64) uint32 {
+		k, _ := x.e.makeKey(h8(v))
+		sc := x.e.lookupDomain("team", "m").findScheme("vllm").findScope("")
+		return x.e.find(sc.table.Load(), sc.id, &k)
+	}
+	if x.e.w(node(1)+nNext) != node(2) || x.e.w(node(2)+nNext) != node(3) {
+		t.Fatal("consecutive legacy entries were not linked")
+	}
+	if x.e.w(node(3)+nNext) != 0 {
+		t.Fatal("an entry with a smaller token count was linked as a successor")
+	}
+	x.expect(x.lookup(chainReq(1, 2, 3)), StrategyPrefixMatch, wantScore{"a", 48, 48, 1, 1})
+}
