@@ -14,7 +14,7 @@ package loadgen
 type lru struct {
 	capacity      int
 	reportOrphans bool
-	idx           map[uint64]int32
+	idx           *u64map
 	nodes         []lruNode
 	head          int32 // most recently used; -1 when empty
 	tail          int32 // least recently used; -1 when empty
@@ -29,13 +29,13 @@ type lruNode struct {
 }
 
 func newLRU(capacity int, reportOrphans bool) *lru {
-	return &lru{capacity: capacity, reportOrphans: reportOrphans, idx: make(map[uint64]int32, capacity), head: -1, tail: -1}
+	return &lru{capacity: capacity, reportOrphans: reportOrphans, idx: newU64Map(max(capacity, 1)), head: -1, tail: -1}
 }
 
-func (l *lru) len() int { return len(l.idx) }
+func (l *lru) len() int { return l.idx.len() }
 
 func (l *lru) contains(k uint64) bool {
-	_, ok := l.idx[k]
+	_, ok := l.idx.get(k)
 	return ok
 }
 
@@ -82,7 +82,7 @@ func (l *lru) pushFront(i int32) {
 // orphans when it is an orphan and orphans are not reported. touch reports
 // whether k was inserted.
 func (l *lru) touch(k, parent uint64, root bool, tokens int32, evicted []uint64) (inserted bool, _ []uint64, orphans int) {
-	if i, ok := l.idx[k]; ok {
+	if i, ok := l.idx.get(k); ok {
 		if l.head != i {
 			l.unlink(i)
 			l.pushFront(i)
@@ -93,11 +93,11 @@ func (l *lru) touch(k, parent uint64, root bool, tokens int32, evicted []uint64)
 		return false, evicted, 0
 	}
 	var i int32
-	if len(l.idx) >= l.capacity {
+	if l.idx.len() >= l.capacity {
 		i = l.tail
 		l.unlink(i)
 		v := &l.nodes[i]
-		delete(l.idx, v.key)
+		l.idx.del(v.key)
 		if l.reportOrphans || v.root || l.contains(v.parent) {
 			evicted = append(evicted, v.key)
 		} else {
@@ -109,13 +109,13 @@ func (l *lru) touch(k, parent uint64, root bool, tokens int32, evicted []uint64)
 	}
 	l.nodes[i] = lruNode{key: k, parent: parent, root: root, tokens: tokens}
 	l.pushFront(i)
-	l.idx[k] = i
+	l.idx.put(k, i)
 	return true, evicted, orphans
 }
 
 // reset empties the cache and keeps its memory.
 func (l *lru) reset() {
-	clear(l.idx)
+	l.idx.reset()
 	l.nodes = l.nodes[:0]
 	l.head, l.tail = -1, -1
 }

@@ -112,3 +112,59 @@ func TestLRUAgainstModel(t *testing.T) {
 		}
 	}
 }
+
+func TestU64MapAgainstMap(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, capacity := range []int{1, 5, 100, 4096} {
+		m := newU64Map(capacity)
+		ref := map[uint64]int32{}
+		// Keys from a small range collide in their home slots often; the
+		// high range exercises clustering under Fibonacci hashing.
+		key := func() uint64 {
+			if r.IntN(2) == 0 {
+				return uint64(r.IntN(2 * capacity))
+			}
+			return uint64(r.IntN(2*capacity)) << 40
+		}
+		for step := 0; step < 50_000; step++ {
+			k := key()
+			switch op := r.IntN(3); {
+			case op == 0 && len(ref) < capacity:
+				v := int32(r.IntN(1 << 20))
+				m.put(k, v)
+				ref[k] = v
+			case op == 1:
+				m.del(k)
+				delete(ref, k)
+			default:
+				got, ok := m.get(k)
+				want, wok := ref[k]
+				if ok != wok || got != want {
+					t.Fatalf("cap %d step %d: get(%d) = %d, %v; want %d, %v", capacity, step, k, got, ok, want, wok)
+				}
+			}
+			if m.len() != len(ref) {
+				t.Fatalf("cap %d step %d: len %d, want %d", capacity, step, m.len(), len(ref))
+			}
+		}
+		for k, want := range ref {
+			if got, ok := m.get(k); !ok || got != want {
+				t.Fatalf("cap %d: final get(%d) = %d, %v; want %d", capacity, k, got, ok, want)
+			}
+		}
+		m.reset()
+		if _, ok := m.get(key()); ok || m.len() != 0 {
+			t.Fatal("reset left keys")
+		}
+	}
+}
+
+func BenchmarkLRUTouch(b *testing.B) {
+	l := newLRU(16384, false)
+	var ev []uint64
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		k := mix64(uint64(i % 40000))
+		_, ev, _ = l.touch(k, 0, true, 16, ev[:0])
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/inferencecache/inferencecache/loadgen"
@@ -53,7 +54,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var (
 		useTLS, tlsSkipVerify bool
 		tlsCA, tlsServerName  string
+		cpuProfile            string
 	)
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write the load generator's own CPU profile to this file")
 	fs.BoolVar(&useTLS, "tls", false, "dial with TLS")
 	fs.StringVar(&tlsCA, "tls-ca", "", "PEM CA bundle to verify the server (default: system roots)")
 	fs.StringVar(&tlsServerName, "tls-server-name", "", "server name to verify (default: the address's host)")
@@ -68,6 +71,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		cfg.TLS = tc
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cannot create -cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cannot start the CPU profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	rep, err := loadgen.Run(ctx, cfg)
 	if err != nil {
