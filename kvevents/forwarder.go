@@ -29,6 +29,9 @@ const (
 	DefaultRPCTimeout  = 5 * time.Second
 	DefaultMinBackoff  = 100 * time.Millisecond
 	DefaultMaxBackoff  = 10 * time.Second
+	// DefaultRefreshInterval is how often the blocks the engine still holds
+	// are re-reported (see ForwarderConfig.RefreshInterval).
+	DefaultRefreshInterval = 5 * time.Minute
 )
 
 // ForwarderConfig configures a Forwarder. Zero durations and sizes take the
@@ -49,6 +52,13 @@ type ForwarderConfig struct {
 	RPCTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the exponential retry delay.
 	MinBackoff, MaxBackoff time.Duration
+	// RefreshInterval is how often every block the positional index holds
+	// is re-reported at its current tier, stamped now, so blocks the engine
+	// keeps serving from its prefix cache (which publishes no event for a
+	// hit) do not age out of the server's index (freshness decays to 0 at
+	// the TTL, 30 min by default). Zero means DefaultRefreshInterval; a
+	// negative value disables the refresh. See README.md.
+	RefreshInterval time.Duration
 	// ResyncOnStart starts the forwarder in the resync state: its first
 	// delivery is ALL_CLEARED for the replica followed by the positional
 	// index's content, so state left by an earlier subscriber incarnation
@@ -83,6 +93,9 @@ func (c *ForwarderConfig) setDefaults() {
 	if c.MaxBackoff < c.MinBackoff {
 		c.MaxBackoff = max(DefaultMaxBackoff, c.MinBackoff)
 	}
+	if c.RefreshInterval == 0 {
+		c.RefreshInterval = DefaultRefreshInterval
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -91,10 +104,12 @@ func (c *ForwarderConfig) setDefaults() {
 	}
 }
 
-// Snapshotter gives the forwarder the blocks to re-report after a resync.
+// Snapshotter gives the forwarder the blocks to re-report after a resync
+// (AppendSnapshot) and, chunk by chunk, on every refresh (AppendHeld).
 // *Index implements it.
 type Snapshotter interface {
 	AppendSnapshot(dst []Prefix) []Prefix
+	AppendHeld(dst []Prefix, pos, n int) (_ []Prefix, next int, done bool)
 }
 
 type opKind uint8
@@ -161,6 +176,20 @@ type Forwarder struct {
 	// idle is closed and replaced when queue and pending become empty;
 	// Flush waits on it.
 	idle chan struct{}
+
+	// ref is the periodic refresh's progress; only the Run goroutine
+	// (Run, deliverOne, doResync, refreshStep) reads or writes it.
+	ref refreshState
+}
+
+// refreshState tracks one walk of the positional index (see refreshStep).
+type refreshState struct {
+	due     time.Time // when the next walk starts; zero: not scheduled yet
+	active  bool      // a walk is in progress
+	started time.Time // when the walk in progress started
+	pos     int       // next slab position to read
+	entries int       // entries re-reported by the walk in progress
+	buf     []Prefix  // chunk scratch
 }
 
 // NewForwarder returns a Forwarder delivering to sink. snap is read after a
@@ -334,9 +363,16 @@ func (f *Forwarder) signalIdleLocked() {
 }
 
 // Run delivers queued work until ctx is done. It returns ctx.Err().
+//
+// Whenever the queue is empty it also advances the periodic refresh by one
+// chunk (refreshStep), so queued live work always goes first and waits for
+// at most one refresh update in flight.
 func (f *Forwarder) Run(ctx context.Context) error {
 	tick := time.NewTicker(f.cfg.Window)
 	defer tick.Stop()
+	// The first refresh is due one interval from now; a resync (on start
+	// or after an overflow) pushes it to one interval after itself.
+	f.ref.due = f.cfg.Now().Add(f.cfg.RefreshInterval)
 	backoff := f.cfg.MinBackoff
 	for {
 		select {
@@ -350,6 +386,9 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		}
 		for {
 			ok, more := f.deliverOne(ctx)
+			if ok && !more {
+				ok = f.refreshStep(ctx)
+			}
 			if ok {
 				backoff = f.cfg.MinBackoff
 			} else {
@@ -468,9 +507,77 @@ func (f *Forwarder) doResync(ctx context.Context) bool {
 	f.queue = append(ops, f.queue...)
 	f.signalIdleLocked() // Flush waits for the end of the resync too
 	f.mu.Unlock()
+	// The snapshot is a complete re-report: the next refresh is due one
+	// interval from now, and a walk in progress is moot.
+	f.ref.active = false
+	f.ref.due = f.cfg.Now().Add(f.cfg.RefreshInterval)
 	f.cfg.Metrics.resync()
 	f.cfg.Logger.Info("resync: replica cleared on the server; re-reporting the positional index",
 		"blocks", blocks)
+	return true
+}
+
+// refreshStep advances the periodic refresh by one chunk: when a walk is due
+// (or in progress) it reads up to MaxPending held blocks from the positional
+// index and re-reports them at their current tier and adapter, stamped now,
+// in one ReportCacheState update. The Run goroutine calls it only when the
+// queue is empty; after a chunk it kicks itself so the next chunk comes
+// after any work queued meanwhile and after the Window tick's flush. It
+// reports false when the sink failed (the chunk is read again after the
+// backoff).
+//
+// Delivering the chunk directly rather than through the queue is safe: the
+// chunk is delivered right after it is read, so any later change to one of
+// its blocks (queued by the processor after the read) reaches the server
+// after it, and an op queued before the read carries the same or older state
+// for a block whose newest op is still to come. Either way the last write
+// the server sees for a block is the newest.
+//
+// While the replica's server-side state is unknown (the resync state)
+// nothing is refreshed: the resync re-reports the whole index anyway and
+// schedules the next refresh one interval after itself.
+func (f *Forwarder) refreshStep(ctx context.Context) bool {
+	r := &f.ref
+	if f.cfg.RefreshInterval < 0 || f.snap == nil {
+		return true
+	}
+	now := f.cfg.Now()
+	if !r.active {
+		if now.Before(r.due) {
+			return true
+		}
+		r.active, r.started, r.pos, r.entries = true, now, 0, 0
+	}
+	f.mu.Lock()
+	resync := f.resync
+	f.mu.Unlock()
+	if resync {
+		r.active = false
+		return true
+	}
+	var next int
+	var done bool
+	r.buf, next, done = f.snap.AppendHeld(r.buf[:0], r.pos, f.cfg.MaxPending)
+	if len(r.buf) > 0 {
+		ts := now.UnixMicro()
+		if err := f.call(ctx, "ReportCacheState", func(ctx context.Context) error {
+			return f.sink.ReportCacheState(ctx, f.update(r.buf, ts, nil))
+		}); err != nil {
+			return false
+		}
+		f.cfg.Metrics.refreshed(len(r.buf))
+		r.entries += len(r.buf)
+	}
+	r.pos = next
+	if !done {
+		f.kick()
+		return true
+	}
+	r.active = false
+	r.due = r.started.Add(f.cfg.RefreshInterval)
+	f.cfg.Metrics.refreshDone()
+	f.cfg.Logger.Debug("refresh: re-reported the blocks the engine holds",
+		"entries", r.entries, "took", f.cfg.Now().Sub(r.started))
 	return true
 }
 

@@ -24,6 +24,11 @@ type recSink struct {
 	down     bool
 	failNext int
 	attempts int
+	// reportAttempts counts ReportCacheState calls, failed ones included.
+	reportAttempts int
+	// hook, when set, runs after a delivered call (outside mu), on the
+	// forwarder's Run goroutine, with the call's rendering.
+	hook func(call string)
 }
 
 var errDown = errors.New("sink down")
@@ -42,23 +47,36 @@ func (s *recSink) fail() bool {
 
 func (s *recSink) ReportCacheState(_ context.Context, u *icv1.CacheStateUpdate) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.reportAttempts++
 	if s.fail() {
+		s.mu.Unlock()
 		return errDown
 	}
+	call := renderUpdate(u)
 	s.updates = append(s.updates, u)
-	s.calls = append(s.calls, renderUpdate(u))
+	s.calls = append(s.calls, call)
+	hook := s.hook
+	s.mu.Unlock()
+	if hook != nil {
+		hook(call)
+	}
 	return nil
 }
 
 func (s *recSink) PublishEvent(_ context.Context, e *icv1.CacheEvent) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.fail() {
+		s.mu.Unlock()
 		return errDown
 	}
+	call := renderEvent(e)
 	s.events = append(s.events, e)
-	s.calls = append(s.calls, renderEvent(e))
+	s.calls = append(s.calls, call)
+	hook := s.hook
+	s.mu.Unlock()
+	if hook != nil {
+		hook(call)
+	}
 	return nil
 }
 

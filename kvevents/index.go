@@ -89,15 +89,16 @@ type posNode struct {
 // later BlockRemoved for it is skipped as unknown, a BlockStored naming it
 // as parent is dropped as unknown_parent).
 //
-// Index is safe for concurrent use: the processor goroutine mutates it and
-// the forwarder's resync snapshots it.
+// Index is safe for concurrent use: the processor goroutine mutates it, the
+// forwarder's resync snapshots it and its periodic refresh reads it in
+// chunks.
 type Index struct {
 	defaultBlockSize int              // immutable
 	maxBlocks        int              // immutable
 	adapters         map[int64]string // lora_id → adapter name; immutable
 
 	// mu guards every field below. Held for one event by Store/Remove, for
-	// a full copy by AppendSnapshot.
+	// a full copy by AppendSnapshot, for one chunk by AppendHeld.
 	mu       sync.Mutex
 	byEngine map[uint64]int32 // engine hash → slab slot
 	nodes    []posNode        // slab
@@ -283,6 +284,38 @@ func (x *Index) AppendSnapshot(dst []Prefix) []Prefix {
 		dst = append(dst, Prefix{Key: nd.key, Tokens: nd.tokens, Tier: tierOf(nd.media), Adapter: nd.adapter})
 	}
 	return dst
+}
+
+// refreshScanFactor bounds the slab slots one AppendHeld call visits, as a
+// multiple of the entries it may return, so a slab left sparse by mass
+// removals cannot make one call hold the lock for long.
+const refreshScanFactor = 8
+
+// AppendHeld appends to dst at most n blocks the index holds, visiting slab
+// positions from pos on (at most refreshScanFactor×n of them), and returns
+// the position to continue from and whether the end of the slab was
+// reached. The periodic refresh walks the whole index this way in chunks,
+// taking the lock once per chunk.
+//
+// Slab positions are stable: a block held for the whole walk is returned
+// exactly once. A block removed meanwhile is skipped; a block stored
+// meanwhile may land in a position already visited and be missed, which is
+// harmless because it was just reported with a fresh timestamp.
+func (x *Index) AppendHeld(dst []Prefix, pos, n int) (_ []Prefix, next int, done bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	pos = max(pos, 0)
+	limit := pos + refreshScanFactor*max(n, 1)
+	taken := 0
+	for ; pos < len(x.nodes) && pos < limit && taken < n; pos++ {
+		nd := &x.nodes[pos]
+		if nd.media == 0 {
+			continue // a free slot
+		}
+		dst = append(dst, Prefix{Key: nd.key, Tokens: nd.tokens, Tier: tierOf(nd.media), Adapter: nd.adapter})
+		taken++
+	}
+	return dst, pos, pos >= len(x.nodes)
 }
 
 func (x *Index) allocLocked() int32 {

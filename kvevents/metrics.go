@@ -26,6 +26,8 @@ type Metrics struct {
 	indexBlocks     prometheus.Gauge
 	scrapes         *prometheus.CounterVec // result
 	reconnects      prometheus.Counter
+	refreshEntries  prometheus.Counter
+	refreshes       prometheus.Counter
 }
 
 // Replay outcomes (the replays counter's label).
@@ -75,11 +77,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "stats_scrapes_total", Help: "Engine /metrics scrapes, by result."}, []string{"result"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "zmq_reconnects_total", Help: "Times the SUB socket was re-dialed."}),
+		refreshEntries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "refreshed_entries_total", Help: "Held blocks re-reported by the periodic refresh."}),
+		refreshes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "refreshes_total", Help: "Periodic refresh walks of the positional index completed."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.batchesDecoded, m.batchesDropped, m.eventsDecoded, m.eventsDropped,
 			m.unknownRemovals, m.gaps, m.replays, m.restarts, m.resyncs, m.overflows,
-			m.forwardLatency, m.forwardErrors, m.buffered, m.indexBlocks, m.scrapes, m.reconnects)
+			m.forwardLatency, m.forwardErrors, m.buffered, m.indexBlocks, m.scrapes, m.reconnects,
+			m.refreshEntries, m.refreshes)
 	}
 	return m
 }
@@ -176,5 +183,17 @@ func (m *Metrics) scrape(result string) {
 func (m *Metrics) reconnect() {
 	if m != nil {
 		m.reconnects.Inc()
+	}
+}
+
+func (m *Metrics) refreshed(n int) {
+	if m != nil {
+		m.refreshEntries.Add(float64(n))
+	}
+}
+
+func (m *Metrics) refreshDone() {
+	if m != nil {
+		m.refreshes.Inc()
 	}
 }

@@ -58,6 +58,11 @@ type Config struct {
 	// MaxIndexBlocks bounds the positional index (DefaultMaxIndexBlocks).
 	MaxIndexBlocks int
 
+	// RefreshInterval is how often every block the engine still holds is
+	// re-reported (ForwarderConfig.RefreshInterval): 0 means
+	// DefaultRefreshInterval, negative disables it.
+	RefreshInterval time.Duration
+
 	// Forwarding knobs; see ForwarderConfig.
 	Window, RPCTimeout     time.Duration
 	MaxPending, MaxBuffer  int
@@ -143,19 +148,20 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 	m := NewMetrics(cfg.Registerer)
 	idx := NewIndex(cfg.BlockSize, cfg.MaxIndexBlocks, cfg.LoRAAdapters)
 	fwd := NewForwarder(ForwarderConfig{
-		ReplicaID:     cfg.ReplicaID,
-		ModelID:       cfg.ModelID,
-		TenantID:      cfg.TenantID,
-		HashScheme:    cfg.HashScheme,
-		Window:        cfg.Window,
-		MaxPending:    cfg.MaxPending,
-		MaxBuffered:   cfg.MaxBuffer,
-		RPCTimeout:    cfg.RPCTimeout,
-		MinBackoff:    cfg.MinBackoff,
-		MaxBackoff:    cfg.MaxBackoff,
-		ResyncOnStart: true,
-		Logger:        cfg.Logger,
-		Metrics:       m,
+		ReplicaID:       cfg.ReplicaID,
+		ModelID:         cfg.ModelID,
+		TenantID:        cfg.TenantID,
+		HashScheme:      cfg.HashScheme,
+		Window:          cfg.Window,
+		MaxPending:      cfg.MaxPending,
+		MaxBuffered:     cfg.MaxBuffer,
+		RPCTimeout:      cfg.RPCTimeout,
+		MinBackoff:      cfg.MinBackoff,
+		MaxBackoff:      cfg.MaxBackoff,
+		RefreshInterval: cfg.RefreshInterval,
+		ResyncOnStart:   true,
+		Logger:          cfg.Logger,
+		Metrics:         m,
 	}, sink, idx)
 	return &Subscriber{
 		cfg:     cfg,

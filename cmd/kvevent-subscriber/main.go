@@ -38,6 +38,7 @@ func run(args []string) error {
 		tlsFiles   kvevents.TLSFiles
 		metricsAdr string
 		logLevel   string
+		refresh    time.Duration
 	)
 	fs := flag.NewFlagSet("kvevent-subscriber", flag.ContinueOnError)
 	fs.StringVar(&cfg.ReplicaID, "replica-id", "", "replica id reported to the server (the pod name)")
@@ -58,6 +59,8 @@ func run(args []string) error {
 	fs.StringVar(&tlsFiles.CertFile, "tls-cert-file", "", "client certificate (mTLS)")
 	fs.StringVar(&tlsFiles.KeyFile, "tls-key-file", "", "client key (mTLS)")
 	fs.StringVar(&tlsFiles.ServerName, "tls-server-name", "", "server name to verify (default: from the address)")
+	fs.DurationVar(&refresh, "refresh-interval", kvevents.DefaultRefreshInterval,
+		"re-report every block the engine still holds this often, so prefix-cache hits (which publish no event) do not age out of the server's index; 0 disables")
 	fs.StringVar(&metricsAdr, "metrics-bind-address", ":9091", "address of the subscriber's own /metrics (empty: off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -77,6 +80,14 @@ func run(args []string) error {
 	}
 	if cfg.HashScheme == "" {
 		return errors.New("--hash-scheme must not be empty (the server drops prefixes without one)")
+	}
+	switch {
+	case refresh < 0:
+		return errors.New("--refresh-interval must not be negative (0 disables the refresh)")
+	case refresh == 0:
+		cfg.RefreshInterval = -1 // disabled
+	default:
+		cfg.RefreshInterval = refresh
 	}
 	var err error
 	if cfg.LoRAAdapters, err = kvevents.ParseLoRAAdapters(loras); err != nil {
@@ -115,7 +126,8 @@ func run(args []string) error {
 	}
 
 	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID,
-		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", serverAddr, "l2", cfg.L2)
+		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", serverAddr, "l2", cfg.L2,
+		"refresh_interval", refresh)
 	runErr := sub.Run(ctx) // returns after ctx is done and a bounded flush
 	if metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

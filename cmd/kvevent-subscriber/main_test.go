@@ -16,6 +16,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"--replica-id", "r", "--model-id", "m", "--log-level", "loud"}, "--log-level"},
 		{[]string{"--replica-id", "r", "--model-id", "m", "--tls-cert-file", "c.pem"}, "cert and a key"},
 		{[]string{"--no-such-flag"}, "not defined"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--refresh-interval", "-1s"}, "--refresh-interval"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--refresh-interval", "often"}, "refresh-interval"},
 	} {
 		err := run(tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
