@@ -109,16 +109,26 @@ func serveFake(t *testing.T, s *fakeServer, lis net.Listener) {
 	})
 }
 
-// driveE2E runs a fake engine (synthetic workload, replay on) and a
-// subscriber forwarding to the InferenceCache server at addr over gRPC,
-// publishes turns batches with a forced gap in the middle, waits until
-// everything is applied and flushed, and returns the subscriber.
+// e2eRun is what driveE2E leaves running: the fake engine and subscriber,
+// the synthetic workload (what the engine holds) and the chain model of
+// everything it published.
+type e2eRun struct {
+	*zmqFixture
+	w     *fakeengine.Synthetic
+	model *chainModel
+}
+
+// driveE2E runs a fake engine (synthetic workload stamped from a minute
+// ago, replay on) and a subscriber forwarding to the InferenceCache server
+// at addr over gRPC, publishes turns batches with a forced gap in the
+// middle, waits until everything is applied and flushed, and returns the
+// run.
 //
-// It is the hook for the end-to-end test against the real server: start
-// the server on 127.0.0.1, call driveE2E with its address, then compare
-// the server's view (GetCacheState, LookupRoute on the chains) with
-// sub.Index().
-func driveE2E(t *testing.T, addr string, turns int, beforePublish func()) (*Subscriber, *fakeengine.Synthetic) {
+// It is the hook for the end-to-end tests against the real server
+// (e2e_server_test.go): start the server on 127.0.0.1, call driveE2E with
+// its address, then compare the server's view (GetCacheState, LookupRoute
+// on the chains) with what the engine holds.
+func driveE2E(t *testing.T, addr string, turns int, beforePublish func()) *e2eRun {
 	t.Helper()
 	conn, err := DialServer(addr, TLSFiles{})
 	if err != nil {
@@ -133,12 +143,15 @@ func driveE2E(t *testing.T, addr string, turns int, beforePublish func()) (*Subs
 	if beforePublish != nil {
 		beforePublish()
 	}
-	w := fakeengine.NewSynthetic(fakeengine.SyntheticConfig{Sessions: 6, CapacityBlocks: 80, LoRAIDs: []int64{1, 2}, Seed: 11})
-	publishN(t, f.pub, w, turns/2)
+	w := fakeengine.NewSynthetic(fakeengine.SyntheticConfig{Sessions: 6, CapacityBlocks: 80, LoRAIDs: []int64{1, 2}, Seed: 11,
+		Start: time.Now().Add(-time.Minute)})
+	run := &e2eRun{zmqFixture: f, w: w, model: newChainModel(f.sub.cfg.LoRAAdapters)}
+	rec := &recordingWorkload{w: w, m: run.model}
+	publishN(t, f.pub, rec, turns/2)
 	f.pub.Drop(4)
-	last := publishN(t, f.pub, w, turns-turns/2)
+	last := publishN(t, f.pub, rec, turns-turns/2)
 	f.waitApplied(t, last+1)
-	return f.sub, w
+	return run
 }
 
 func TestE2EOverGRPCToFakeServer(t *testing.T) {
@@ -149,7 +162,8 @@ func TestE2EOverGRPCToFakeServer(t *testing.T) {
 	srv := newFakeServer()
 	serveFake(t, srv, lis)
 
-	sub, w := driveE2E(t, lis.Addr().String(), 120, nil)
+	run := driveE2E(t, lis.Addr().String(), 120, nil)
+	sub, w := run.sub, run.w
 
 	got, want := srv.replica("r1"), indexModel(sub.Index())
 	if len(want) != w.CachedBlocks() {
@@ -194,7 +208,7 @@ func TestE2EServerStartsLate(t *testing.T) {
 		}
 		serveFake(t, srv, l)
 	}()
-	sub, _ = driveE2E(t, addr, 60, nil)
+	sub = driveE2E(t, addr, 60, nil).sub
 	<-started
 	if got, want := srv.replica("r1"), indexModel(sub.Index()); !maps.Equal(got, want) {
 		t.Fatalf("server holds %d keys, index %d", len(got), len(want))

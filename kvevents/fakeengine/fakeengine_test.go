@@ -3,6 +3,7 @@ package fakeengine_test
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -196,5 +197,37 @@ func TestPublisherReplayRing(t *testing.T) {
 	}
 	if time.Since(start) > 3*time.Second {
 		t.Fatalf("dead endpoint took %v", time.Since(start))
+	}
+}
+
+func TestSyntheticStartAndHolds(t *testing.T) {
+	start := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	w := fakeengine.NewSynthetic(fakeengine.SyntheticConfig{Sessions: 2, CapacityBlocks: 8, Start: start, Seed: 4})
+	held := map[uint64]bool{}
+	for i := range 20 {
+		b, _, ok := w.Next()
+		if !ok {
+			t.Fatal("exhausted")
+		}
+		if want := float64(start.Add(time.Duration(i+1)*10*time.Millisecond).UnixMicro()) / 1e6; math.Abs(b.TS-want) > 1e-6 {
+			t.Fatalf("batch %d ts %v, want %v", i, b.TS, want)
+		}
+		for _, ev := range b.Events {
+			for _, h := range ev.BlockHashes {
+				held[h] = ev.Kind == fakeengine.BlockStored
+			}
+		}
+	}
+	n := 0
+	for h, want := range held {
+		if w.Holds(h) != want {
+			t.Fatalf("Holds(%x) = %v, want %v", h, !want, want)
+		}
+		if want {
+			n++
+		}
+	}
+	if n != w.CachedBlocks() {
+		t.Fatalf("%d held by the events, CachedBlocks %d", n, w.CachedBlocks())
 	}
 }

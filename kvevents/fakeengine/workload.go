@@ -95,6 +95,10 @@ type SyntheticConfig struct {
 	// LoRAIDs, when set, gives each session one of these adapter ids.
 	LoRAIDs []int64
 	Seed    uint64
+	// Start is the timestamp of the first batch; zero means 2026-01-01
+	// 00:00 UTC (deterministic). A real server only matches entries
+	// younger than its TTL, so tests against one start near now.
+	Start time.Time
 }
 
 // Synthetic grows per-session block chains: each step one session appends
@@ -134,12 +138,16 @@ func NewSynthetic(cfg SyntheticConfig) *Synthetic {
 	if cfg.Interval <= 0 {
 		cfg.Interval = 10 * time.Millisecond
 	}
+	start := cfg.Start
+	if start.IsZero() {
+		start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
 	w := &Synthetic{
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, 0x5e55)),
 		cache:    newCache(cfg.CapacityBlocks),
 		sessions: make([]session, cfg.Sessions),
-		ts:       float64(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Unix()),
+		ts:       float64(start.UnixMicro()) / 1e6,
 	}
 	for i := range w.sessions {
 		if len(cfg.LoRAIDs) > 0 {
@@ -151,6 +159,10 @@ func NewSynthetic(cfg SyntheticConfig) *Synthetic {
 
 // CachedBlocks returns how many blocks the simulated cache holds.
 func (w *Synthetic) CachedBlocks() int { return w.cache.lru.Len() }
+
+// Holds reports whether the simulated cache holds the block with engine
+// hash h.
+func (w *Synthetic) Holds(h uint64) bool { return w.cache.has(h) }
 
 // Next implements Workload.
 func (w *Synthetic) Next() (Batch, time.Duration, bool) {
