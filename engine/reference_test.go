@@ -23,6 +23,12 @@ type refModel struct {
 	maxEntries int64
 	prefixes   map[refKey]map[string]*refEntry
 	stats      map[refStatsKey]*refStats
+	// Secondary indexes, kept in step by put and remove, as the seed system
+	// kept them (servingByScope, prefixesByTenant, prefixesByTenantModel).
+	serving     map[[3]string]map[string]int
+	tenantKeys  map[string]int
+	modelKeys   map[[2]string]int
+	visibleKeys int // keys outside the reserved tenant
 	evictions  map[[2]string]int // (algorithm, reason) -> n
 	tenantEv   map[string]int
 }
@@ -47,6 +53,7 @@ func newRef(p Policies, maxEntries int64) *refModel {
 	return &refModel{
 		policies: p, ranker: DefaultRanker(), maxEntries: maxEntries,
 		prefixes: map[refKey]map[string]*refEntry{}, stats: map[refStatsKey]*refStats{},
+		serving: map[[3]string]map[string]int{}, tenantKeys: map[string]int{}, modelKeys: map[[2]string]int{},
 		evictions: map[[2]string]int{}, tenantEv: map[string]int{},
 	}
 }
@@ -58,18 +65,40 @@ func (m *refModel) put(k refKey, replica string, tokens int32, tier Tier, ts int
 	if holders == nil {
 		holders = map[string]*refEntry{}
 		m.prefixes[k] = holders
+		m.countKey(k, 1)
 	}
 	if e := holders[replica]; e != nil {
 		e.tokens, e.tier, e.ts = tokens, tier, ts
 		return
 	}
 	holders[replica] = &refEntry{tokens: tokens, tier: tier, ts: ts}
+	sk := [3]string{k.tenant, k.model, k.scheme}
+	if m.serving[sk] == nil {
+		m.serving[sk] = map[string]int{}
+	}
+	m.serving[sk][replica]++
 }
 
 func (m *refModel) remove(k refKey, replica string) {
+	if _, ok := m.prefixes[k][replica]; !ok {
+		return
+	}
 	delete(m.prefixes[k], replica)
+	sk := [3]string{k.tenant, k.model, k.scheme}
+	if m.serving[sk][replica]--; m.serving[sk][replica] == 0 {
+		delete(m.serving[sk], replica)
+	}
 	if len(m.prefixes[k]) == 0 {
 		delete(m.prefixes, k)
+		m.countKey(k, -1)
+	}
+}
+
+func (m *refModel) countKey(k refKey, d int) {
+	m.tenantKeys[k.tenant] += d
+	m.modelKeys[[2]string{k.tenant, k.model}] += d
+	if k.tenant != policy.ReservedTenantID {
+		m.visibleKeys += d
 	}
 }
 
@@ -159,7 +188,9 @@ func (m *refModel) enforceQuota(snap *policy.Snapshot, tenant string) {
 	})
 	excess := int64(len(all)) - pt.MaxIndexEntries
 	for _, c := range all[:excess] {
-		delete(m.prefixes, c.k)
+		for r := range m.prefixes[c.k] {
+			m.remove(c.k, r)
+		}
 	}
 	m.tenantEv[tenant] += int(excess)
 }
@@ -262,18 +293,11 @@ func (m *refModel) Sweep(now int64) {
 	}
 }
 
-// serving is servingByScope: replicas holding a key in (tenant, model, scheme).
-func (m *refModel) serving(tenant, model, scheme string) []string {
-	set := map[string]bool{}
-	for k, holders := range m.prefixes {
-		if k.tenant == tenant && k.model == model && k.scheme == scheme {
-			for r := range holders {
-				set[r] = true
-			}
-		}
-	}
+// servingSet is servingByScope: replicas holding a key in (tenant, model,
+// scheme), sorted.
+func (m *refModel) servingSet(tenant, model, scheme string) []string {
 	var out []string
-	for r := range set {
+	for r := range m.serving[[3]string{tenant, model, scheme}] {
 		out = append(out, r)
 	}
 	slices.Sort(out)
@@ -351,7 +375,7 @@ func (m *refModel) LookupRoute(req *LookupRequest, now int64) refResult {
 	key := func(h []byte) refKey {
 		return refKey{req.TenantID, req.ModelID, req.HashScheme, req.AdapterID, string(h)}
 	}
-	total := len(m.serving(req.TenantID, req.ModelID, req.HashScheme))
+	total := len(m.serving[[3]string{req.TenantID, req.ModelID, req.HashScheme}])
 	coef := m.slo(req.SLOTTFTMs)
 	if chain {
 		type run struct {
@@ -447,12 +471,12 @@ func (m *refModel) LookupRoute(req *LookupRequest, now int64) refResult {
 	}
 	if !chain && m.ranker.TenantHotMaxAge > 0 {
 		maxAge := m.ranker.TenantHotMaxAge.Microseconds()
-		serving := m.serving(req.TenantID, req.ModelID, req.HashScheme)
+		serving := m.serving[[3]string{req.TenantID, req.ModelID, req.HashScheme}]
 		for k, s := range m.stats {
 			if k.tenant != req.TenantID || k.model != req.ModelID {
 				continue
 			}
-			if now-s.reported >= maxAge || float64(s.st.HitRate) < m.ranker.TenantHotMinHitRate || !slices.Contains(serving, k.replica) {
+			if now-s.reported >= maxAge || float64(s.st.HitRate) < m.ranker.TenantHotMinHitRate || serving[k.replica] == 0 {
 				continue
 			}
 			rec := refFresh(now, s.reported, maxAge)
@@ -480,30 +504,14 @@ func refSort(s []refScore) {
 }
 
 func (m *refModel) classify(req *LookupRequest) Strategy {
-	var any, tenant, model bool
-	for k := range m.prefixes {
-		if k.tenant == policy.ReservedTenantID {
-			continue
-		}
-		any = true
-	}
-	if !any {
-		return StrategyNone
-	}
-	for k := range m.prefixes {
-		if k.tenant == req.TenantID {
-			tenant = true
-			if k.model == req.ModelID {
-				model = true
-			}
-		}
-	}
 	switch {
-	case !tenant:
+	case m.visibleKeys == 0:
+		return StrategyNone
+	case m.tenantKeys[req.TenantID] == 0:
 		return StrategyUnknownTenant
-	case !model:
+	case m.modelKeys[[2]string{req.TenantID, req.ModelID}] == 0:
 		return StrategyUnknownModel
-	case len(m.serving(req.TenantID, req.ModelID, req.HashScheme)) == 0:
+	case len(m.serving[[3]string{req.TenantID, req.ModelID, req.HashScheme}]) == 0:
 		return StrategyUnknownHashScheme
 	}
 	return StrategyNone
@@ -540,7 +548,7 @@ func (m *refModel) AffinityHint(tenant, model, scheme string, seed []byte) (stri
 	if len(seed) == 0 || scheme == "" {
 		return "", false
 	}
-	set := m.serving(tenant, model, scheme)
+	set := m.servingSet(tenant, model, scheme)
 	if len(set) == 0 {
 		return "", false
 	}
