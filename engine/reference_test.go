@@ -28,9 +28,9 @@ type refModel struct {
 	serving     map[[3]string]map[string]int
 	tenantKeys  map[string]int
 	modelKeys   map[[2]string]int
-	visibleKeys int // keys outside the reserved tenant
-	evictions  map[[2]string]int // (algorithm, reason) -> n
-	tenantEv   map[string]int
+	visibleKeys int               // keys outside the reserved tenant
+	evictions   map[[2]string]int // (algorithm, reason) -> n
+	tenantEv    map[string]int
 }
 
 type refKey struct{ tenant, model, scheme, adapter, hash string }
