@@ -30,16 +30,19 @@ import (
 //     bounded queue.
 //
 // The contract has no batched eviction: one unary call per block. Under
-// chat-like churn a replica evicts tens of blocks per request. Two things
-// keep that affordable on one small machine:
+// chat-like churn a replica evicts tens of blocks per request, far more
+// calls than lookups. Two things keep that affordable on one small machine:
 //
 //   - By default only evictions that can change routing are published: a
 //     chain's first block, or a block whose parent is still cached. A block
-//     whose parent went first is unreachable for this replica in the
-//     server's chain walk (it stops at the parent), so publishing it changes
-//     no decision; it stays in the index until the TTL or the entry cap.
-//     EvictOrphans publishes every eviction, as a plain engine subscriber
-//     would.
+//     whose parent went first (an orphan) is unreachable for this replica
+//     in the server's chain walk, which stops at the parent, so publishing
+//     it changes no decision; it only occupies the index until the TTL or
+//     the entry cap removes it. Under sustained churn the index therefore
+//     fills up to the server's entry cap (MaxIndexEntries, 1M by default),
+//     whose oldest-first victims are mostly these orphans: the replicas
+//     evicted them as their least recent blocks. EvictOrphans publishes
+//     every eviction, as a plain engine subscriber would.
 //   - A full queue does what a real subscriber does after losing events:
 //     the replica is marked dirty and, at most once per ResyncInterval,
 //     clears itself on the server (ALL_CLEARED, awaited) and re-reports its
