@@ -258,6 +258,13 @@ func startOnServer(t *testing.T, srv *realServer, cfgMut func(*Config)) (*zmqFix
 	t.Cleanup(func() { _ = conn.Close() })
 	tee := &teeSink{Sink: NewGRPCSink(conn, nil)}
 	f := startZMQSink(t, fakeengine.Config{Encoding: fakeengine.Encoding{Layout: fakeengine.LayoutMap}}, true, cfgMut, tee)
+	// Let the startup resync (ALL_CLEARED, then the index re-reported
+	// stamped now) finish before anything is published: a block applied
+	// before it would reach the server through the resync, stamped now,
+	// rather than with the engine's timestamp.
+	if err := f.sub.Forwarder().Flush(testCtx(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	return f, tee, newChainModel(f.sub.cfg.LoRAAdapters)
 }
 
@@ -578,7 +585,7 @@ func TestE2ERealServerRefreshKeepsHeldBlocksFresh(t *testing.T) {
 		c.ReplicaID = "r-stale"
 		c.RefreshInterval = -1
 	})
-	fresh, _, freshModel := startOnServer(t, srv, func(c *Config) {
+	fresh, freshTee, freshModel := startOnServer(t, srv, func(c *Config) {
 		c.ReplicaID = "r-fresh"
 		c.RefreshInterval = 100 * time.Millisecond
 	})
@@ -603,10 +610,18 @@ func TestE2ERealServerRefreshKeepsHeldBlocksFresh(t *testing.T) {
 	l := srv.lookupChain(t, "", toks)
 	sc, ok := l.of("r-fresh")
 	if !ok || sc.MatchedTokens != 80 || sc.EstimatedCacheHitProb < 0.99 {
-		t.Fatalf("refreshed replica: %s %v", l.reason, l.scores)
+		row, _ := srv.replicaRow("r-fresh")
+		t.Fatalf("refreshed replica: %s %v; server row %+v; refreshes %v (from %v), entries %v, index %d, sink %v",
+			l.reason, l.scores, row, refreshes(), c0, counter(t, fresh.sub.metrics.refreshEntries), fresh.sub.Index().Len(), freshTee.events)
 	}
 	if _, ok := l.scores["r-stale"]; ok {
 		t.Fatalf("the replica without refresh matched entries older than the TTL: %v", l.scores)
+	}
+	// Both replicas hold the chain on the server, one of them fresh:
+	// distinguishing power 1 − 1/2 (contract §3.5). Had r-stale's entries
+	// been fresh too, it would be 0 and the answer NO_HINT.
+	if want := float32(80 * 0.5); sc.Score < want*0.99 || sc.Score > want {
+		t.Fatalf("score %v, want about %v", sc.Score, want)
 	}
 	if row, _ := srv.replicaRow("r-stale"); row.PrefixCount != 5 {
 		t.Fatalf("r-stale holds %d keys on the server, want 5 (stale, not swept)", row.PrefixCount)
