@@ -41,7 +41,7 @@ type realServer struct {
 // TENANT_HOT, and a matched-tokens floor of one block. The TTL sweep is
 // pushed out so that entries older than the TTL stay visible to
 // Engine().Snapshot() (lookups skip them regardless).
-func startRealServer(t testing.TB) *realServer {
+func startRealServer(t testing.TB, cfgMut func(*server.Config)) *realServer {
 	t.Helper()
 	cfg := server.DefaultConfig()
 	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
@@ -49,6 +49,9 @@ func startRealServer(t testing.TB) *realServer {
 	cfg.DrainTimeout = 2 * time.Second
 	cfg.SweepInterval = time.Hour
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfgMut != nil {
+		cfgMut(&cfg)
+	}
 	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -310,7 +313,7 @@ func seq(from, n uint64) []uint64 {
 // leading run of held blocks at T1, an exact lookup matches iff the block
 // is held, and the server's key count equals the engine's.
 func TestE2ERealServerMatchesEngine(t *testing.T) {
-	srv := startRealServer(t)
+	srv := startRealServer(t, nil)
 	run := driveE2E(t, srv.addr, 120, nil)
 	m := run.sub.metrics
 	if counter(t, m.gaps) != 1 || counter(t, m.replays.WithLabelValues(ReplayOK)) != 1 {
@@ -388,7 +391,7 @@ func TestE2ERealServerMatchesEngine(t *testing.T) {
 // AllBlocksCleared drops the replica from every answer and from
 // GetCacheState.
 func TestE2ERealServerRemovalAndClear(t *testing.T) {
-	srv := startRealServer(t)
+	srv := startRealServer(t, nil)
 	var statsUp atomic.Bool
 	statsUp.Store(true)
 	metricsSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -480,7 +483,7 @@ func TestE2ERealServerRemovalAndClear(t *testing.T) {
 // tier (the coldest across the run) is T2. A block the engine itself moves
 // to CPU is T2 too.
 func TestE2ERealServerL2Demotes(t *testing.T) {
-	srv := startRealServer(t)
+	srv := startRealServer(t, nil)
 	f, tee, model := startOnServer(t, srv, func(c *Config) { c.L2 = true })
 	now := time.Now()
 	f.publish(t, model, chainBatch(now, seq(1, 4), seq(1, 4), nil))
@@ -524,7 +527,7 @@ func TestE2ERealServerL2Demotes(t *testing.T) {
 // engine still holds the blocks, but nobody can vouch for them) until new
 // stores arrive.
 func TestE2ERealServerUnrepairableGapClears(t *testing.T) {
-	srv := startRealServer(t)
+	srv := startRealServer(t, nil)
 	f, tee, model := startOnServer(t, srv, nil)
 	now := time.Now()
 	f.publish(t, model, chainBatch(now, seq(1, 4), seq(1, 4), nil))
@@ -580,7 +583,7 @@ func TestE2ERealServerUnrepairableGapClears(t *testing.T) {
 // subscriber refreshes is matched again, with full freshness; the one
 // without refresh is not, although the server still holds its entries.
 func TestE2ERealServerRefreshKeepsHeldBlocksFresh(t *testing.T) {
-	srv := startRealServer(t)
+	srv := startRealServer(t, nil)
 	stale, _, staleModel := startOnServer(t, srv, func(c *Config) {
 		c.ReplicaID = "r-stale"
 		c.RefreshInterval = -1

@@ -113,7 +113,7 @@ func renderEvent(e *icv1.CacheEvent) string {
 	return fmt.Sprintf("%s ts=%d", e.Type, e.TimestampUs)
 }
 
-func testCtx(t *testing.T, d time.Duration) context.Context {
+func testCtx(t testing.TB, d time.Duration) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

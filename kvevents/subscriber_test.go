@@ -75,7 +75,7 @@ func startZMQWith(t *testing.T, pcfg fakeengine.Config, replay bool, cfgMut func
 
 // startZMQSink is startZMQWith delivering to sink; nil records into
 // zmqFixture.sink.
-func startZMQSink(t *testing.T, pcfg fakeengine.Config, replay bool, cfgMut func(*Config), sink Sink) *zmqFixture {
+func startZMQSink(t testing.TB, pcfg fakeengine.Config, replay bool, cfgMut func(*Config), sink Sink) *zmqFixture {
 	t.Helper()
 	pcfg.Endpoint, pcfg.Topic = "tcp://127.0.0.1:0", "kv-events"
 	if replay {
@@ -139,7 +139,7 @@ func startZMQSink(t *testing.T, pcfg fakeengine.Config, replay bool, cfgMut func
 
 // waitApplied waits until the subscriber applied every sequence number
 // below n, then flushes the forwarder.
-func (f *zmqFixture) waitApplied(t *testing.T, n uint64) {
+func (f *zmqFixture) waitApplied(t testing.TB, n uint64) {
 	t.Helper()
 	ctx := testCtx(t, 10*time.Second)
 	for f.sub.NextSeq() < n {
@@ -169,7 +169,7 @@ func publishN(t *testing.T, pub *fakeengine.Publisher, w fakeengine.Workload, n 
 	return last
 }
 
-func counter(t *testing.T, c prometheus.Collector) float64 {
+func counter(t testing.TB, c prometheus.Collector) float64 {
 	t.Helper()
 	return testutil.ToFloat64(c)
 }
