@@ -23,6 +23,10 @@ import (
 	"github.com/inferencecache/inferencecache/kvevents"
 )
 
+// defaultServerTTL is the server's default entry TTL (contract §3.2): a
+// refresh interval at or above it cannot keep held blocks fresh.
+const defaultServerTTL = 30 * time.Minute
+
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "kvevent-subscriber:", err)
@@ -125,6 +129,10 @@ func run(args []string) error {
 		}()
 	}
 
+	if refresh >= defaultServerTTL {
+		log.Warn("--refresh-interval is not below the server's default TTL: held blocks still age out between refreshes",
+			"refresh_interval", refresh, "default_ttl", defaultServerTTL)
+	}
 	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID,
 		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", serverAddr, "l2", cfg.L2,
 		"refresh_interval", refresh)
