@@ -83,7 +83,7 @@ func TestRunAgainstServer(t *testing.T) {
 	cfg.Rate = 300
 	cfg.Warmup = 500 * time.Millisecond
 	cfg.Duration = 2 * time.Second
-	cfg.ReplicaCacheBlocks = 4096 // small caches: evictions within the run
+	cfg.Replicas, cfg.ReplicaCacheBlocks = 8, 2048 // small caches: evictions within the run
 	cfg.ClearEvery = 600 * time.Millisecond
 	cfg.Progress = &progress
 	rep := runLoad(t, cfg)

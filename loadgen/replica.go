@@ -126,6 +126,13 @@ type cluster struct {
 
 	// rr spreads ties of the least-loaded fallback.
 	rr atomic.Uint64
+	// lastErr is the last report, event or stream error counted, for the
+	// report; any goroutine of the loop may store it.
+	lastErr atomic.Pointer[string]
+	// streamCtx scopes the report streams of the run phase; it outlives
+	// the replica goroutines so the final half-close can wait for the
+	// server's Ack. Set before the goroutines start.
+	streamCtx context.Context
 
 	// Counters, updated with atomics by whoever does the work.
 	reports          atomic.Int64 // CacheStateUpdate messages sent
@@ -147,6 +154,19 @@ type cluster struct {
 	hintRoutedBlocks atomic.Int64
 }
 
+// failed counts err in counter and keeps it as the last error, unless ctx
+// has ended (a call cut off by the end of the run is no failure). It
+// reports whether it counted.
+func (c *cluster) failed(ctx context.Context, counter *atomic.Int64, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	counter.Add(1)
+	msg := err.Error()
+	c.lastErr.Store(&msg)
+	return true
+}
+
 func newCluster(cfg *Config, client pb.InferenceCacheClient, src *source) *cluster {
 	c := &cluster{cfg: cfg, client: client, src: src, byID: make(map[string]int, cfg.Replicas),
 		blockBytes: cfg.BytesPerToken * int64(src.reqs[0].BlockSize)}
@@ -162,7 +182,7 @@ func newCluster(cfg *Config, client pb.InferenceCacheClient, src *source) *clust
 	return c
 }
 
-// openStreams opens one ReportCacheState stream per replica.
+// openStreams opens one ReportCacheState stream per replica, under ctx.
 func (c *cluster) openStreams(ctx context.Context) error {
 	for _, r := range c.replicas {
 		s, err := c.client.ReportCacheState(ctx)
@@ -328,14 +348,15 @@ func (r *replica) update(prefixes []*pb.PrefixEntry, stats *pb.ReplicaStats) *pb
 func (r *replica) send(ctx context.Context, u *pb.CacheStateUpdate) {
 	for attempt := 0; attempt < 2; attempt++ {
 		if r.stream == nil {
-			s, err := r.c.client.ReportCacheState(ctx)
+			s, err := r.c.client.ReportCacheState(r.c.streamCtx)
 			if err != nil {
-				r.c.reportErrors.Add(1)
+				r.c.failed(ctx, &r.c.reportErrors, err)
 				return
 			}
 			r.stream = s
 		}
-		if err := r.stream.Send(u); err == nil {
+		err := r.stream.Send(u)
+		if err == nil {
 			r.lastSent = time.Now()
 			r.c.reports.Add(1)
 			for _, p := range u.GetPrefixes() {
@@ -343,9 +364,13 @@ func (r *replica) send(ctx context.Context, u *pb.CacheStateUpdate) {
 			}
 			return
 		}
-		r.c.reportErrors.Add(1)
-		_, _ = r.stream.CloseAndRecv() // collects the real error; the stream is dead
+		if _, rerr := r.stream.CloseAndRecv(); rerr != nil && !errors.Is(rerr, io.EOF) {
+			err = rerr // the stream's real error; it is dead either way
+		}
 		r.stream = nil
+		if !r.c.failed(ctx, &r.c.reportErrors, err) {
+			return // the run is over
+		}
 	}
 }
 
@@ -393,9 +418,7 @@ func (r *replica) resync(ctx context.Context) {
 	})
 	cancel()
 	if err != nil {
-		if ctx.Err() == nil {
-			r.c.clearErrors.Add(1)
-		}
+		r.c.failed(ctx, &r.c.clearErrors, err)
 		r.dirty.Store(true) // try again next interval
 		return
 	}
@@ -456,11 +479,10 @@ func (r *replica) clear(ctx context.Context) {
 		Type: pb.CacheEvent_ALL_CLEARED, ReplicaId: r.id, ModelId: cfg.ModelID, TenantId: cfg.TenantID,
 		TimestampUs: time.Now().UnixMicro(),
 	})
-	switch {
-	case err == nil:
+	if err == nil {
 		r.c.clears.Add(1)
-	case ctx.Err() == nil: // not merely cut off by the end of the run
-		r.c.clearErrors.Add(1)
+	} else {
+		r.c.failed(ctx, &r.c.clearErrors, err)
 	}
 }
 
@@ -529,10 +551,8 @@ func (r *replica) evictLoop(ctx context.Context) {
 			switch {
 			case err == nil:
 				r.c.evictions.Add(1)
-			case ctx.Err() != nil: // cut off by the end of the run
-				r.c.evictionsDropped.Add(1)
-			default:
-				r.c.evictionErrors.Add(1)
+			case !r.c.failed(ctx, &r.c.evictionErrors, err):
+				r.c.evictionsDropped.Add(1) // cut off by the end of the run
 			}
 		}
 	}

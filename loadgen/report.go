@@ -147,6 +147,8 @@ type Feedback struct {
 	ResyncBlocks         int64   `json:"resyncBlocks"`
 	Clears               int64   `json:"clears"`
 	ClearErrors          int64   `json:"clearErrors"`
+	// LastError is the last report, event or stream error counted.
+	LastError string `json:"lastError,omitempty"`
 }
 
 // Totals covers every lookup of the run, warm-up included.
@@ -254,6 +256,9 @@ func (r *runner) fill(rep *Report, elapsed time.Duration) {
 		Reports:              c.reports.Load() - rep.Populate.Messages, ReportedBlocks: c.reportedBlocks.Load() - rep.Populate.Blocks,
 		ReportErrors: c.reportErrors.Load(), Evictions: c.evictions.Load(), EvictionsDropped: c.evictionsDropped.Load(),
 		EvictionErrors: c.evictionErrors.Load(), OrphanEvictions: c.orphans.Load(), Resyncs: c.resyncs.Load(), ResyncBlocks: c.resyncBlocks.Load(), Clears: c.clears.Load(), ClearErrors: c.clearErrors.Load(),
+	}
+	if e := c.lastErr.Load(); e != nil {
+		rep.Feedback.LastError = *e
 	}
 }
 
@@ -366,6 +371,9 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		f.RoutedByHint, f.RoutedByFallback, pct(f.ModeledBlockHitRatio), pct(f.HintedBlockHitRatio),
 		f.Reports, f.ReportedBlocks, f.ReportErrors, f.Evictions, f.EvictionsDropped, f.EvictionErrors, f.OrphanEvictions,
 		f.Resyncs, f.ResyncBlocks, f.Clears, f.ClearErrors, p.Requests, p.Blocks, p.Messages, p.Seconds, p.BlocksPerSec)
+	if f.LastError != "" {
+		fmt.Fprintf(&b, "\nLast feedback error: %s\n", f.LastError)
+	}
 	if sv := rep.Server; sv != nil {
 		fmt.Fprintf(&b, "\nServer process %s: %.2f CPU seconds over the window, %.1f µs of CPU per lookup (ingest and events included).\n",
 			sv.Binary, sv.CPUSeconds, sv.CPUPerLookupUs)

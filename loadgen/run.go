@@ -95,7 +95,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	src, err := newSource(cfg.Workload, cfg.Seed)
+	wc := cfg.Workload
+	if wc.Size == 0 && wc.Kind != WorkloadTrace {
+		wc.Size = defaultSize(&cfg)
+	}
+	src, err := newSource(wc, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -117,6 +121,24 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r.run(ctx)
 }
 
+// defaultSize is the epoch size of a generated workload when none is set:
+// what an open-loop run at a fixed rate sends (so it never wraps), within
+// [MinWorkloadSize, MaxWorkloadSize]; MaxWorkloadSize otherwise.
+func defaultSize(cfg *Config) int {
+	if cfg.Mode != OpenLoop || cfg.Arrival == ArrivalTrace {
+		return MaxWorkloadSize
+	}
+	want := cfg.Rate * (cfg.Warmup + cfg.Duration).Seconds() * 1.05
+	return int(min(max(want, MinWorkloadSize), MaxWorkloadSize))
+}
+
+// defaultPopulate is the populate size when none is set: a quarter of the
+// epoch, but no more requests than fill the replicas' caches once.
+func defaultPopulate(cfg *Config, src *source) int {
+	fill := float64(cfg.Replicas) * float64(cfg.ReplicaCacheBlocks) / max(src.meanBlocks, 1)
+	return int(min(float64(len(src.reqs)/4), fill))
+}
+
 func (r *runner) run(ctx context.Context) (*Report, error) {
 	cfg, c := r.cfg, r.cluster
 	rep := newReport(cfg, r.src)
@@ -133,7 +155,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	// apply everything.
 	popN := cfg.PopulateRequests
 	if popN < 0 {
-		popN = len(r.src.reqs) / 4
+		popN = defaultPopulate(cfg, r.src)
 	}
 	popN = min(popN, len(r.src.reqs))
 	pctx, cancel := context.WithTimeout(ctx, populateTimeout)
@@ -157,7 +179,10 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	}
 	r.first = uint64(popN)
 
-	if err := c.openStreams(ctx); err != nil {
+	streamCtx, stopStreams := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopStreams()
+	c.streamCtx = streamCtx
+	if err := c.openStreams(streamCtx); err != nil {
 		stopBg()
 		bg.Wait()
 		return nil, err
@@ -208,6 +233,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	r.fill(rep, elapsed)
 	if closeErr != nil {
 		rep.Feedback.ReportErrors++
+		rep.Feedback.LastError = closeErr.Error()
 	}
 	return rep, nil
 }

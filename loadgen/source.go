@@ -25,12 +25,27 @@ type WorkloadConfig struct {
 	// workload.MooncakeBlockSize tokens).
 	TracePath string
 	// Size is the number of requests generated (or read from the trace)
-	// per epoch; 0 means 4,000 for generators and the whole trace.
+	// per epoch; 0 means the whole trace, and for generators about as many
+	// requests as an open-loop run sends at its rate (MinWorkloadSize to
+	// MaxWorkloadSize; MaxWorkloadSize in closed loop).
 	Size int
 }
 
-// DefaultWorkloadSize is the epoch size of the generated workloads.
-const DefaultWorkloadSize = 4000
+// Bounds of the default epoch size of generated workloads. Generating
+// MaxWorkloadSize requests takes about a second and 50 MB.
+const (
+	MinWorkloadSize = 4000
+	MaxWorkloadSize = 40000
+)
+
+// chatThinkTime spaces a session's turns in the generated chat workload.
+// With 0.5 new sessions a second and 5 turns a session on average, the
+// workload runs 2.5 requests a second, so consecutive turns of a session
+// are about 1,000 requests apart: at a few thousand lookups a second a
+// session's previous turn has finished its modeled prefill (and been
+// reported) before the next one arrives. The generator's own 30 s would
+// put turns 75 requests apart, closer than a prefill at such rates.
+const chatThinkTime = 400 * time.Second
 
 // source is a workload as an endless, deterministic stream. Request i is
 // request i mod n of one epoch of the workload; epoch i / n renames every
@@ -44,8 +59,9 @@ type source struct {
 	// span is the time one epoch of trace arrivals covers: the last arrival
 	// plus the mean gap, so epochs follow each other at the trace's pace.
 	span time.Duration
-	// maxBlocks is the longest chain of any request.
-	maxBlocks int
+	// maxBlocks is the longest chain of any request; meanBlocks the mean.
+	maxBlocks  int
+	meanBlocks float64
 }
 
 func newSource(c WorkloadConfig, seed uint64) (*source, error) {
@@ -54,7 +70,7 @@ func newSource(c WorkloadConfig, seed uint64) (*source, error) {
 		return nil, fmt.Errorf("%w: negative workload size %d", ErrInvalidConfig, n)
 	}
 	if n == 0 && c.Kind != WorkloadTrace {
-		n = DefaultWorkloadSize
+		n = MinWorkloadSize
 	}
 	var (
 		reqs []workload.Request
@@ -65,6 +81,7 @@ func newSource(c WorkloadConfig, seed uint64) (*source, error) {
 		w := workload.DefaultChat()
 		w.Seed = seed
 		w.Sessions = max(1, n/5) // 2..8 turns, 5 on average
+		w.ThinkTime = chatThinkTime
 		reqs, err = w.Generate()
 	case WorkloadRAG:
 		w := workload.DefaultRAG()
@@ -95,9 +112,12 @@ func newSource(c WorkloadConfig, seed uint64) (*source, error) {
 	if s.span <= 0 {
 		s.span = time.Millisecond
 	}
+	total := 0
 	for i := range reqs {
 		s.maxBlocks = max(s.maxBlocks, len(reqs[i].Blocks))
+		total += len(reqs[i].Blocks)
 	}
+	s.meanBlocks = float64(total) / float64(len(reqs))
 	return s, nil
 }
 
