@@ -396,42 +396,44 @@ type Delta struct {
 	A, B float64
 	// Ratio is B/A (NaN when A is 0).
 	Ratio float64
-	// HigherIsBetter says which direction improves the figure.
-	HigherIsBetter bool
+	// Better says which direction improves the figure: +1 higher, -1
+	// lower, 0 neither (a share that is only descriptive).
+	Better int
 }
 
 // Compare returns the figures of a and b side by side, as B/A ratios.
 func Compare(a, b *Report) []Delta {
+	const higher, lower, neither = 1, -1, 0
 	rows := []struct {
 		name   string
-		higher bool
+		better int
 		get    func(*Report) float64
 	}{
-		{"throughput /s", true, func(r *Report) float64 { return r.Lookups.ThroughputPerSec }},
-		{"p50 µs", false, func(r *Report) float64 { return r.Latency.P50Us }},
-		{"p90 µs", false, func(r *Report) float64 { return r.Latency.P90Us }},
-		{"p99 µs", false, func(r *Report) float64 { return r.Latency.P99Us }},
-		{"p99.9 µs", false, func(r *Report) float64 { return r.Latency.P999Us }},
-		{"max µs", false, func(r *Report) float64 { return r.Latency.MaxUs }},
-		{"server p50 µs", false, func(r *Report) float64 { return r.ServerLatency.P50Us }},
-		{"server p99 µs", false, func(r *Report) float64 { return r.ServerLatency.P99Us }},
-		{"server CPU µs per lookup", false, func(r *Report) float64 {
+		{"throughput /s", higher, func(r *Report) float64 { return r.Lookups.ThroughputPerSec }},
+		{"p50 µs", lower, func(r *Report) float64 { return r.Latency.P50Us }},
+		{"p90 µs", lower, func(r *Report) float64 { return r.Latency.P90Us }},
+		{"p99 µs", lower, func(r *Report) float64 { return r.Latency.P99Us }},
+		{"p99.9 µs", lower, func(r *Report) float64 { return r.Latency.P999Us }},
+		{"max µs", lower, func(r *Report) float64 { return r.Latency.MaxUs }},
+		{"server p50 µs", lower, func(r *Report) float64 { return r.ServerLatency.P50Us }},
+		{"server p99 µs", lower, func(r *Report) float64 { return r.ServerLatency.P99Us }},
+		{"server CPU µs per lookup", lower, func(r *Report) float64 {
 			if r.Server == nil {
 				return 0
 			}
 			return r.Server.CPUPerLookupUs
 		}},
-		{"PREFIX_MATCH share", true, func(r *Report) float64 { return r.Hints.PrefixMatch }},
-		{"hint_used share", true, func(r *Report) float64 { return r.Hints.HintUsed }},
-		{"AFFINITY_HINT share", true, func(r *Report) float64 { return r.Hints.Affinity }},
-		{"modeled block hit ratio", true, func(r *Report) float64 { return r.Feedback.ModeledBlockHitRatio }},
-		{"errors", false, func(r *Report) float64 { return float64(r.Lookups.Errors) }},
-		{"unfinished", false, func(r *Report) float64 { return float64(r.Lookups.Unfinished) }},
+		{"PREFIX_MATCH share", higher, func(r *Report) float64 { return r.Hints.PrefixMatch }},
+		{"hint_used share", higher, func(r *Report) float64 { return r.Hints.HintUsed }},
+		{"AFFINITY_HINT share", neither, func(r *Report) float64 { return r.Hints.Affinity }},
+		{"modeled block hit ratio", higher, func(r *Report) float64 { return r.Feedback.ModeledBlockHitRatio }},
+		{"errors", lower, func(r *Report) float64 { return float64(r.Lookups.Errors) }},
+		{"unfinished", lower, func(r *Report) float64 { return float64(r.Lookups.Unfinished) }},
 	}
 	out := make([]Delta, 0, len(rows))
 	for _, row := range rows {
 		x, y := row.get(a), row.get(b)
-		d := Delta{Name: row.name, A: x, B: y, Ratio: math.NaN(), HigherIsBetter: row.higher}
+		d := Delta{Name: row.name, A: x, B: y, Ratio: math.NaN(), Better: row.better}
 		if x != 0 {
 			d.Ratio = y / x
 		}
@@ -448,9 +450,11 @@ func WriteCompare(w io.Writer, a, b *Report, nameA, nameB string) error {
 		r := "—"
 		if !math.IsNaN(d.Ratio) {
 			r = fmt.Sprintf("%.3f", d.Ratio)
-			if d.Ratio != 1 && (d.Ratio > 1) == d.HigherIsBetter {
+			switch {
+			case d.Ratio == 1 || d.Better == 0:
+			case (d.Ratio > 1) == (d.Better > 0):
 				r += " (better)"
-			} else if d.Ratio != 1 {
+			default:
 				r += " (worse)"
 			}
 		}

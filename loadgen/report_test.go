@@ -113,7 +113,7 @@ func TestCompare(t *testing.T) {
 		"| throughput /s | 1000.0 | 1500.0 | 1.500 (better) |",
 		"| p99 µs | 3000.0 | 1500.0 | 0.500 (better) |",
 		"| p50 µs | 250.0 | 250.0 | 1.000 |",
-		"| AFFINITY_HINT share | 0.2000 | 0.0 | 0.000 (worse) |",
+		"| AFFINITY_HINT share | 0.2000 | 0.0 | 0.000 |",
 		"| errors | 0.0 | 2.0 | — |",
 	} {
 		if !strings.Contains(buf.String(), want) {
