@@ -3,7 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"log/slog"
+	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,9 +22,12 @@ import (
 	"github.com/inferencecache/inferencecache/server"
 )
 
-func startServer(t *testing.T) string {
+// startServer runs a server in process on 127.0.0.1 (gRPC over TLS when
+// certFile and keyFile are set) and returns its gRPC address.
+func startServer(t *testing.T, certFile, keyFile string) string {
 	t.Helper()
 	cfg := server.DefaultConfig()
+	cfg.TLSCertFile, cfg.TLSKeyFile = certFile, keyFile
 	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	cfg.InsecureDisableAuth = true
 	cfg.DrainTimeout = 5 * time.Second
@@ -45,7 +56,7 @@ func startServer(t *testing.T) string {
 }
 
 func TestRunAndCompare(t *testing.T) {
-	addr := startServer(t)
+	addr := startServer(t, "", "")
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -102,5 +113,63 @@ func TestFlagErrors(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if err := run(ctx, []string{"-help"}, &stdout, &stderr); err != nil || !strings.Contains(stderr.String(), "-rate") {
 		t.Errorf("-help: %v\n%s", err, stderr.String())
+	}
+}
+
+// writeCert writes a self-signed ECDSA certificate for 127.0.0.1, valid for
+// an hour, and its key into dir.
+func writeCert(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(7),
+		Subject:      pkix.Name{CommonName: "loadgen-test"},
+		NotBefore:    now.Add(-time.Minute),
+		NotAfter:     now.Add(time.Hour),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+	}, &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "loadgen-test"}}, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for path, blk := range map[string]*pem.Block{certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "PRIVATE KEY", Bytes: keyDER}} {
+		if err := os.WriteFile(path, pem.EncodeToMemory(blk), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certFile, keyFile
+}
+
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := writeCert(t, dir)
+	addr := startServer(t, certFile, keyFile)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	args := []string{"-addr", addr, "-tls", "-tls-ca", certFile, "-rate", "100", "-warmup", "0s", "-duration", "500ms", "-quiet", "-json", filepath.Join(dir, "r.json")}
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("loadgen over TLS: %v\n%s", err, stderr.String())
+	}
+	rep, err := loadgen.LoadReport(filepath.Join(dir, "r.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Scenario.TLS || rep.Lookups.OK == 0 || rep.Lookups.Errors != 0 {
+		t.Fatalf("TLS run: tls %v, %d responses, %d errors", rep.Scenario.TLS, rep.Lookups.OK, rep.Lookups.Errors)
+	}
+	// Plaintext against a TLS server fails in the populate phase.
+	if err := run(ctx, []string{"-addr", addr, "-duration", "500ms", "-quiet"}, &stdout, &stderr); err == nil {
+		t.Error("a plaintext run against a TLS server succeeded")
 	}
 }
