@@ -129,9 +129,10 @@ type cluster struct {
 	// lastErr is the last report, event or stream error counted, for the
 	// report; any goroutine of the loop may store it.
 	lastErr atomic.Pointer[string]
-	// streamCtx scopes the report streams of the run phase; it outlives
-	// the replica goroutines so the final half-close can wait for the
-	// server's Ack. Set before the goroutines start.
+	// streamCtx scopes the report streams (the populate phase's, then the
+	// run's, which outlives the replica goroutines so the final half-close
+	// can wait for the server's Ack). Set by Run before each phase, while no
+	// replica goroutine runs.
 	streamCtx context.Context
 
 	// Counters, updated with atomics by whoever does the work.

@@ -159,6 +159,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	}
 	popN = min(popN, len(r.src.reqs))
 	pctx, cancel := context.WithTimeout(ctx, populateTimeout)
+	c.streamCtx = pctx // a stream that breaks during populate reopens under it
 	t0 := time.Now()
 	err := c.openStreams(pctx)
 	if err == nil {
