@@ -61,6 +61,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&tlsCA, "tls-ca", "", "PEM CA bundle to verify the server (default: system roots)")
 	fs.StringVar(&tlsServerName, "tls-server-name", "", "server name to verify (default: the address's host)")
 	fs.BoolVar(&tlsSkipVerify, "tls-insecure-skip-verify", false, "do not verify the server certificate (testing only)")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage:
+  loadgen [run] [flags]                   run a scenario against -addr
+  loadgen compare a.json b.json           diff two JSON reports as B/A ratios
+  loadgen profile -server BIN [flags]     profile a server binary under a scenario (see make profile)
+  loadgen ab -a BIN -b BIN [flags]        A/B two server binaries, alternating fresh runs
+
+run flags:
+`)
+		fs.PrintDefaults()
+	}
 	if done, err := parse(fs, args, stderr); done || err != nil {
 		return err
 	}
