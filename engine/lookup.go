@@ -33,9 +33,9 @@ type LookupResult struct {
 	// buffer next), finished runners (fin) and sorted matched counts.
 	run, fin []runner
 	matched  []int64
-	// keys and sorted are sortScores' scratch; sorted double-buffers Scores.
-	keys   []uint64
-	sorted []Score
+	// cand and keys are the ranking scratch (emitRanked).
+	cand []candidate
+	keys []uint64
 }
 
 // runner is one replica during a chain walk.
@@ -52,7 +52,7 @@ func (r *LookupResult) reset() {
 	r.Scores = r.Scores[:0]
 	r.d, r.lfu = nil, false
 	r.nodes = r.nodes[:0]
-	r.run, r.fin = r.run[:0], r.fin[:0]
+	r.run, r.fin, r.cand = r.run[:0], r.fin[:0], r.cand[:0]
 }
 
 // LookupRoute ranks the replicas that hold the request's prefix (contract
@@ -219,26 +219,30 @@ func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64
 	} else {
 		run := res.run
 		w, j := 0, uint32(0)
+		// Both lists are sorted by replica id: a merge that loads each
+		// holder's id once.
 		for i := range run {
 			r := &run[i]
 			rid := r.rid
-			for j < count && uint16(hb.Load(j*holderWord+hRidTier)) < rid {
-				j++
+			var rt uint32
+			h := j * holderWord
+			for ; j < count; j, h = j+1, h+holderWord {
+				if rt = hb.Load(h + hRidTier); uint16(rt) >= rid {
+					break
+				}
 			}
-			if j < count {
-				h := j * holderWord
-				if rt := hb.Load(h + hRidTier); uint16(rt) == rid {
-					if ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32); ttl > 0 && now-ts < ttl {
-						r.blocks++
-						r.matched += tokens
-						r.oldest = min(r.oldest, ts)
-						r.tier = coldest(r.tier, Tier(rt>>16))
-						if w != i {
-							run[w] = *r
-						}
-						w++
-						continue
+			if j < count && uint16(rt) == rid {
+				j++
+				if ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32); ttl > 0 && now-ts < ttl {
+					r.blocks++
+					r.matched += tokens
+					r.oldest = min(r.oldest, ts)
+					r.tier = coldest(r.tier, Tier(rt>>16))
+					if w != i {
+						run[w] = *r
 					}
+					w++
+					continue
 				}
 			}
 			res.fin = append(res.fin, *r)
@@ -270,11 +274,12 @@ func (e *Engine) viewMatches(nd arena.Block, meta, sc uint32, k *key) bool {
 func (e *Engine) scoreRuns(sc *scope, slo int32, ttl, now int64, res *LookupResult) {
 	// Distinguishing power per replica: matching = the scored replicas whose
 	// matched tokens reach this replica's. Sorting the matched values lets
-	// each replica count them with one binary search.
+	// each replica count them with one binary search. (Every runner's
+	// entries were fresh when read, so only non-positive counts drop out.)
 	ms := res.matched[:0]
-	for _, r := range res.fin {
-		if r.matched > 0 && freshness(now, r.oldest, ttl) > 0 {
-			ms = append(ms, r.matched)
+	for i := range res.fin {
+		if m := res.fin[i].matched; m > 0 {
+			ms = append(ms, m)
 		}
 	}
 	slices.Sort(ms)
@@ -283,28 +288,40 @@ func (e *Engine) scoreRuns(sc *scope, slo int32, ttl, now int64, res *LookupResu
 	rt := sc.d.table()
 	slots := rt.slots
 	coef := e.sloCoefficient(slo)
-	for _, r := range res.fin {
+	invTTL := 1 / float64(ttl)
+	for i := range res.fin {
+		r := &res.fin[i]
 		if r.matched <= 0 || int(r.rid) >= len(slots) || slots[r.rid] == nil {
 			continue
 		}
-		fresh := freshness(now, r.oldest, ttl)
+		fresh := 1.0
+		if age := now - r.oldest; age > 0 {
+			fresh = 1 - float64(age)*invTTL
+		}
 		if fresh <= 0 {
 			continue
 		}
 		rep := slots[r.rid]
-		at, _ := slices.BinarySearch(ms, r.matched)
+		// lower bound of r.matched in ms
+		lo, hi := 0, len(ms)
+		for lo < hi {
+			if m := (lo + hi) >> 1; ms[m] < r.matched {
+				lo = m + 1
+			} else {
+				hi = m
+			}
+		}
 		raw := float64(r.matched) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef)
-		res.Scores = append(res.Scores, Score{
-			ReplicaID:     rep.name,
-			Score:         float32(raw * distinguishingPower(len(ms)-at, total)),
-			MatchedTokens: clampInt32(r.matched),
-			Prob:          float32(fresh),
-			Tier:          r.tier,
-			rid:           r.rid,
-			run:           r.blocks,
+		res.cand = append(res.cand, candidate{
+			score:   float32(raw * distinguishingPower(len(ms)-lo, total)),
+			matched: clampInt32(r.matched),
+			prob:    float32(fresh),
+			tier:    r.tier,
+			rid:     r.rid,
+			run:     r.blocks,
 		})
 	}
-	sortScores(res, rt)
+	emitRanked(res, rt)
 }
 
 // matchExact is the legacy exact-prefix path.
@@ -361,17 +378,16 @@ func (e *Engine) matchExact(sc *scope, req *LookupRequest, ttl, now int64, res *
 		}
 		rep := slots[r.rid]
 		fresh := freshness(now, r.oldest, ttl)
-		res.Scores = append(res.Scores, Score{
-			ReplicaID:     rep.name,
-			Score:         float32(float64(r.matched) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef) * dp),
-			MatchedTokens: int32(r.matched),
-			Prob:          float32(fresh),
-			Tier:          r.tier,
-			rid:           r.rid,
-			run:           -1,
+		res.cand = append(res.cand, candidate{
+			score:   float32(float64(r.matched) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef) * dp),
+			matched: int32(r.matched),
+			prob:    float32(fresh),
+			tier:    r.tier,
+			rid:     r.rid,
+			run:     -1,
 		})
 	}
-	sortScores(res, rt)
+	emitRanked(res, rt)
 }
 
 // tenantHot is the TENANT_HOT fallback (contract §3.7).
@@ -401,32 +417,45 @@ func (e *Engine) tenantHot(d *domain, sch *scheme, slo int32, now int64, res *Lo
 		recency := freshness(now, st.reported, maxAge)
 		pf := clamp01(1 - e.ranker.PressureWeight*float64(st.Pressure))
 		score := float64(st.HitRate) * recency * pf * (1 + recency*coef)
-		res.Scores = append(res.Scores, Score{ReplicaID: rep.name, Score: float32(score), Prob: st.HitRate, rid: rep.id})
+		res.cand = append(res.cand, candidate{score: float32(score), prob: st.HitRate, rid: rep.id})
 	}
-	sortScores(res, rt)
+	emitRanked(res, rt)
 }
 
-// sortScores orders res.Scores by score descending, then replica id
-// ascending. It sorts packed integer keys (score bits, name rank, position)
-// and permutes once, which is several times faster than sorting the
-// structs with a comparator.
-func sortScores(res *LookupResult, rt *replicaTable) {
-	s := res.Scores
-	if len(s) < 2 {
-		return
-	}
+// candidate is a score before ranking, kept free of pointers so that
+// ranking moves plain words only.
+type candidate struct {
+	score   float32
+	matched int32
+	prob    float32
+	run     int32
+	rid     uint16
+	tier    Tier
+}
+
+// emitRanked ranks res.cand by score descending, then replica id ascending,
+// and appends the result to res.Scores. It sorts packed integer keys (score
+// bits, name rank, position) and writes each Score once.
+func emitRanked(res *LookupResult, rt *replicaTable) {
+	c := res.cand
 	keys := res.keys[:0]
-	for i := range s {
-		keys = append(keys, uint64(descFloat32(s[i].Score))<<32|uint64(rt.rank[s[i].rid])<<16|uint64(i))
+	for i := range c {
+		keys = append(keys, uint64(descFloat32(c[i].score))<<32|uint64(rt.rank[c[i].rid])<<16|uint64(i))
 	}
 	slices.Sort(keys)
-	out := res.sorted[:0]
-	for _, k := range keys {
-		out = append(out, s[uint16(k)])
-	}
 	res.keys = keys
-	res.sorted = s
-	res.Scores = out
+	for _, k := range keys {
+		x := &c[uint16(k)]
+		res.Scores = append(res.Scores, Score{
+			ReplicaID:     rt.slots[x.rid].name,
+			Score:         x.score,
+			MatchedTokens: x.matched,
+			Prob:          x.prob,
+			Tier:          x.tier,
+			rid:           x.rid,
+			run:           x.run,
+		})
+	}
 }
 
 // descFloat32 maps a float32 to a uint32 that sorts ascending as the float
