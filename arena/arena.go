@@ -104,22 +104,34 @@ func (b Block) Load(k uint32) uint32 { return b.s[(b.i+k)&slabMask].Load() }
 // The block's contents are unspecified: a reused block keeps whatever its
 // previous owner wrote, so the caller initializes every word it relies on.
 func (a *Arena) Alloc(n uint32) (uint32, error) {
+	off, _, err := a.AllocFresh(n)
+	return off, err
+}
+
+// AllocFresh is Alloc that also reports whether the block is fresh: never
+// handed out before, so no reader can hold an offset into it. The writer
+// may fill a fresh block with plain (non-atomic) stores as long as it
+// publishes the block's offset with an atomic store afterwards; the atomic
+// publication orders the plain stores before any reader's loads. A reused
+// block may still be read through stale offsets and must be written with
+// atomic stores.
+func (a *Arena) AllocFresh(n uint32) (off uint32, fresh bool, err error) {
 	if n == 0 || n > MaxBlockWords {
-		return 0, fmt.Errorf("arena: cannot allocate %d words (limit %d)", n, MaxBlockWords)
+		return 0, false, fmt.Errorf("arena: cannot allocate %d words (limit %d)", n, MaxBlockWords)
 	}
 	if head := a.freeHead(n); head != 0 {
 		a.setFreeHead(n, a.Word(head+n-1).Load())
 		a.freeWords -= uint64(n)
-		return head, nil
+		return head, false, nil
 	}
 	if a.slabs == 0 || uint64(a.next)+uint64(n) > uint64(a.slabs)<<SlabShift {
 		if err := a.grow(); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 	}
-	off := a.next
+	off = a.next
 	a.next += n
-	return off, nil
+	return off, true, nil
 }
 
 // grow starts a new slab, abandoning the current slab's tail.

@@ -72,6 +72,8 @@ type bucketQueue[K comparable] struct {
 	less    func(a, b K) bool
 	records int // records filed and not yet consumed, garbage included
 	recCap  int // sum of cap(recs), for memory accounting
+	// last is the bucket of the last push (nil after it is dropped).
+	last *bucket[K]
 }
 
 func (q *bucketQueue[K]) init(less func(a, b K) bool) {
@@ -80,10 +82,17 @@ func (q *bucketQueue[K]) init(less func(a, b K) bool) {
 }
 
 func (q *bucketQueue[K]) push(k K, rec uint64) {
-	b := q.byKey[k]
+	// The entries of one update share a key: reuse the last bucket without
+	// a map lookup.
+	b := q.last
+	if b == nil || b.key != k {
+		b = q.byKey[k]
+		q.last = b
+	}
 	if b == nil {
 		b = &bucket[K]{key: k}
 		q.byKey[k] = b
+		q.last = b
 		b.hidx = len(q.heap)
 		q.heap = append(q.heap, b)
 		q.up(b.hidx)
@@ -105,6 +114,9 @@ func (q *bucketQueue[K]) min() *bucket[K] {
 
 // drop removes bucket b (normally the minimum).
 func (q *bucketQueue[K]) drop(b *bucket[K]) {
+	if q.last == b {
+		q.last = nil
+	}
 	q.records -= len(b.recs) - b.head
 	q.recCap -= cap(b.recs)
 	delete(q.byKey, b.key)

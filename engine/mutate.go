@@ -2,6 +2,7 @@ package engine
 
 import (
 	"slices"
+	"unsafe"
 
 	"github.com/inferencecache/inferencecache/policy"
 )
@@ -204,14 +205,18 @@ func (e *Engine) countHolderLocked(sc *scope, r *replica, delta int64) {
 	}
 }
 
-// newNodeLocked allocates and publishes a node for k in sc with no holders
-// yet; it returns 0 when the arena is full.
-func (e *Engine) newNodeLocked(sc *scope, k *key, slot uint64) uint32 {
-	off, err := e.arena.Alloc(nodeWords)
+// newKeyLocked creates the node for a new key k in scope sc with replica r
+// as its only holder, and publishes it in the table. It returns 0 when the
+// arena is full. Blocks that are fresh from the arena (never handed out, so
+// unreachable by any reader) are filled with plain stores; the table slot's
+// atomic store publishes them. Reused blocks are written atomically inside
+// a sequence-lock window, since stale readers may still be looking at them.
+func (e *Engine) newKeyLocked(sc *scope, r *replica, k *key, slot uint64, hw holderWrite) uint32 {
+	off, nodeFresh, err := e.arena.AllocFresh(nodeWords)
 	if err != nil {
 		return 0
 	}
-	block, err := e.arena.Alloc(holderCaps[0] * holderWord)
+	block, blockFresh, err := e.arena.AllocFresh(holderCaps[0] * holderWord)
 	if err != nil {
 		e.arena.Free(off, nodeWords)
 		return 0
@@ -226,17 +231,47 @@ func (e *Engine) newNodeLocked(sc *scope, k *key, slot uint64) uint32 {
 		}
 		lo, hi = at, uint32(len(k.b))
 	}
-	s := e.beginWrite(off)
-	e.setWord(off+nHashLo, lo)
-	e.setWord(off+nHashHi, hi)
-	e.setWord(off+nHolders, block)
-	e.setWord(off+nMeta, makeMeta(0, 0, k.kind))
-	e.setWord(off+nNext, 0)
-	e.setWord(off+nScope, sc.id)
-	e.endWrite(off, s)
+	// The holder first: the node points at it.
+	e.initWord(block+hRidTier, uint32(hw.rid)|uint32(hw.tier)<<16, blockFresh)
+	e.initWord(block+hTokens, uint32(hw.tokens), blockFresh)
+	if blockFresh {
+		e.initWord(block+hLFU, 0, true)
+	} else {
+		e.moveLFU(0, block+hLFU)
+	}
+	e.initWord(block+hTsLo, uint32(hw.ts), blockFresh)
+	e.initWord(block+hTsHi, uint32(uint64(hw.ts)>>32), blockFresh)
+	var s uint32
+	if !nodeFresh {
+		s = e.beginWrite(off)
+	}
+	e.initWord(off+nHashLo, lo, nodeFresh)
+	e.initWord(off+nHashHi, hi, nodeFresh)
+	e.initWord(off+nHolders, block, nodeFresh)
+	e.initWord(off+nMeta, makeMeta(1, 0, k.kind), nodeFresh)
+	e.initWord(off+nNext, 0, nodeFresh)
+	e.initWord(off+nScope, sc.id, nodeFresh)
+	if !nodeFresh {
+		e.endWrite(off, s)
+	}
 	e.insertLocked(sc, k, off, slot)
 	e.countKeyLocked(sc, 1)
+	e.countHolderLocked(sc, r, 1)
+	e.fileCapLocked(sc, off, block, hw.rid, hw.ts)
 	return off
+}
+
+// initWord writes a word of a block being initialized: a plain store when
+// the block is fresh, an atomic store otherwise (see newKeyLocked).
+func (e *Engine) initWord(off, v uint32, fresh bool) {
+	w := e.arena.Word(off)
+	if fresh {
+		// Safety: fresh arena memory has never been published, so no other
+		// goroutine can access this word until an atomic store publishes it.
+		*(*uint32)(unsafe.Pointer(w)) = v
+		return
+	}
+	w.Store(v)
 }
 
 // freeNodeLocked unlinks an empty node from its table and returns its memory.
@@ -280,9 +315,16 @@ func (e *Engine) upsertLocked(sc *scope, r *replica, k *key, hw holderWrite) uin
 	t := sc.table.Load()
 	off, slot := e.findLocked(t, sc.id, k)
 	if off == 0 {
-		if off = e.newNodeLocked(sc, k, slot); off == 0 {
+		if off = e.newKeyLocked(sc, r, k, slot, hw); off == 0 {
 			return 0
 		}
+		if hw.ts > r.newest.Load() {
+			r.newest.Store(hw.ts)
+		}
+		if q := sc.d.ts.quota; q != nil {
+			q.push(e, off, hw.ts)
+		}
+		return off
 	}
 	meta := e.w(off + nMeta)
 	block, count := e.w(off+nHolders), metaCount(meta)
