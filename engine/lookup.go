@@ -33,6 +33,7 @@ type LookupResult struct {
 	// buffer next), finished runners (fin) and sorted matched counts.
 	run, fin []runner
 	matched  []int64
+	prefix   []int64
 	// cand and keys are the ranking scratch (emitRanked).
 	cand []candidate
 	keys []uint64
@@ -130,52 +131,57 @@ func (e *Engine) classifyMiss(tenant string, d *domain, sch *scheme) Strategy {
 // state for every step). After maxWalkRestarts the walk accepts its view.
 func (e *Engine) walkChain(sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult) {
 	t := sc.table.Load()
+	stop := 0
 	for restarts := 0; ; restarts++ {
 		res.run, res.fin, res.nodes = res.run[:0], res.fin[:0], res.nodes[:0]
-		if e.walkOnce(t, sc, req, ttl, now, res, restarts < maxWalkRestarts) {
+		var ok bool
+		if stop, ok = e.walkOnce(t, sc, req, ttl, now, res, restarts < maxWalkRestarts); ok {
 			break
 		}
 	}
-	// Survivors matched every block they were asked about.
+	// Survivors matched every block up to where the walk stopped.
+	for i := range res.run {
+		res.run[i].blocks = int32(stop)
+	}
 	res.fin = append(res.fin, res.run...)
-	e.scoreRuns(sc, req.SLOTTFTMs, ttl, now, res)
+	e.scoreRuns(sc, req.SLOTTFTMs, req.BlockTokenCounts, ttl, now, res)
 }
 
 const maxWalkRestarts = 16
 
-// walkOnce walks the chain once; it reports false when a step raced a
-// writer and strict is set.
-func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult, strict bool) bool {
+// walkOnce walks the chain once. It returns the index of the first block the
+// running set did not match (len(chain) when it matched all), and false when
+// a step raced a writer and strict is set.
+func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult, strict bool) (int, bool) {
 	var hint uint32
 	for i, h := range req.BlockHashes {
 		k, ok := e.makeKey(h)
 		if !ok {
-			return true
+			return i, true
 		}
-		tokens := int64(req.BlockTokenCounts[i])
 		st := stepMissing
 		var next uint32
 		if hint != 0 {
-			next, st = e.step(hint, sc.id, &k, i == 0, ttl, now, tokens, res)
+			next, st = e.step(hint, sc.id, &k, int32(i), ttl, now, res)
 		}
 		if st == stepMissing {
 			off := e.find(t, sc.id, &k)
 			if off == 0 {
-				return true // every running replica lacks this block
+				return i, true // every running replica lacks this block
 			}
-			if next, st = e.step(off, sc.id, &k, i == 0, ttl, now, tokens, res); st == stepMissing {
-				return true // removed since the table read
+			if next, st = e.step(off, sc.id, &k, int32(i), ttl, now, res); st == stepMissing {
+				return i, true // removed since the table read
 			}
 		}
 		if st == stepRaced && strict {
-			return false
+			return i, false
 		}
 		hint = next
 		if len(res.run) == 0 {
-			return true
+			return i + 1, true
 		}
 	}
-	return true
+	return len(req.BlockHashes), true
 }
 
 // Outcomes of step.
@@ -186,12 +192,12 @@ const (
 )
 
 // step advances the running set through node off, if off is a live node
-// for key k in scope sc (stepMissing otherwise, with nothing changed). For
-// the first block it seeds the running set from the node's fresh holders;
-// after that it keeps the runners that hold this block fresh and moves the
-// others to res.fin. It returns the node's successor hint, and stepRaced
+// for key k in scope sc (stepMissing otherwise, with nothing changed). At
+// block 0 it seeds the running set from the node's fresh holders; after
+// that it keeps the runners that hold this block fresh and moves the others
+// to res.fin, recording how many blocks they matched. It returns the node's successor hint, and stepRaced
 // when the node's sequence lock shows a concurrent write during the step.
-func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64, res *LookupResult) (uint32, int) {
+func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *LookupResult) (uint32, int) {
 	nd := e.arena.Block(off)
 	s1 := nd.Load(nSeq)
 	if s1&1 != 0 {
@@ -206,7 +212,7 @@ func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64
 	}
 	count := metaCount(meta)
 	hb := e.arena.Block(nd.Load(nHolders))
-	if first {
+	if block == 0 {
 		for j := uint32(0); j < count; j++ {
 			h := j * holderWord
 			ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
@@ -214,7 +220,7 @@ func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64
 				continue
 			}
 			rt := hb.Load(h + hRidTier)
-			res.run = append(res.run, runner{rid: uint16(rt), tier: Tier(rt >> 16), blocks: 1, matched: tokens, oldest: ts})
+			res.run = append(res.run, runner{rid: uint16(rt), tier: Tier(rt >> 16), oldest: ts})
 		}
 	} else {
 		run := res.run
@@ -234,8 +240,6 @@ func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64
 			if j < count && uint16(rt) == rid {
 				j++
 				if ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32); ttl > 0 && now-ts < ttl {
-					r.blocks++
-					r.matched += tokens
 					r.oldest = min(r.oldest, ts)
 					r.tier = coldest(r.tier, Tier(rt>>16))
 					if w != i {
@@ -245,6 +249,7 @@ func (e *Engine) step(off, sc uint32, k *key, first bool, ttl, now, tokens int64
 					continue
 				}
 			}
+			r.blocks = block
 			res.fin = append(res.fin, *r)
 		}
 		res.run = run[:w]
@@ -271,7 +276,19 @@ func (e *Engine) viewMatches(nd arena.Block, meta, sc uint32, k *key) bool {
 }
 
 // scoreRuns turns the finished runners in res.fin into ranked scores.
-func (e *Engine) scoreRuns(sc *scope, slo int32, ttl, now int64, res *LookupResult) {
+func (e *Engine) scoreRuns(sc *scope, slo int32, counts []int32, ttl, now int64, res *LookupResult) {
+	// A runner's matched tokens are the request's counts over the blocks it
+	// matched: prefix sums, computed once.
+	ps := append(res.prefix[:0], 0)
+	var sum int64
+	for _, c := range counts {
+		sum += int64(c)
+		ps = append(ps, sum)
+	}
+	res.prefix = ps
+	for i := range res.fin {
+		res.fin[i].matched = ps[res.fin[i].blocks]
+	}
 	// Distinguishing power per replica: matching = the scored replicas whose
 	// matched tokens reach this replica's. Sorting the matched values lets
 	// each replica count them with one binary search. (Every runner's
