@@ -58,7 +58,7 @@ envtest: ## Build (or reuse) the envtest binaries and print their folder.
 
 .PHONY: profile
 profile: ## Profile the server under a fixed loadgen scenario into profiles/ (CPU, heap, allocs, mutex, block); print the top entries.
-	$(GO) build -overlay profiles/overlay.json -o $(BIN)/server-profile ./cmd/server
+	$(GO) build -o $(BIN)/server-profile ./cmd/server
 	$(GO) run ./cmd/loadgen profile -server $(BIN)/server-profile -out profiles -quiet
 	@for p in cpu allocs heap mutex block; do \
 		echo; echo "== $$p (top 15)"; \

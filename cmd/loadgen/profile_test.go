@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// buildServer builds ./cmd/server (with the profiling overlay) into dir.
+// buildServer builds ./cmd/server into dir.
 func buildServer(t *testing.T, dir string) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
@@ -26,7 +26,7 @@ func buildServer(t *testing.T, dir string) string {
 	defer cancel()
 	// -pgo=off: this checks the harness, and a PGO build recompiles every
 	// dependency (minutes on a cold cache).
-	cmd := exec.CommandContext(ctx, goBin, "build", "-pgo=off", "-overlay", "profiles/overlay.json", "-o", bin, "./cmd/server")
+	cmd := exec.CommandContext(ctx, goBin, "build", "-pgo=off", "-o", bin, "./cmd/server")
 	cmd.Dir = "../.."
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("cannot build the server: %v\n%s", err, out)
