@@ -106,7 +106,7 @@ type Engine struct {
 	// overhead caches overheadBytesLocked for the byte budget check.
 	overhead      int64
 	overheadCalls int
-	// hashScratch is the writer's scratch for comparing keys.
+	// sortScratch is the writer's scratch for sorting eviction buckets.
 	sortScratch []sortRec
 }
 
