@@ -33,7 +33,7 @@ type serverProc struct {
 	bin                string
 	cmd                *exec.Cmd
 	grpcAddr, httpAddr string
-	exited             chan struct{} // closed when the process has exited
+	exited             chan struct{} // closed when the process has exited and its log was read
 	waitErr            error         // valid after exited is closed
 
 	// mu guards tail, the last lines of the server's log (for errors).
@@ -58,8 +58,11 @@ func startServerProc(bin string, logw io.Writer) (*serverProc, error) {
 		return nil, fmt.Errorf("cannot start %s: %w", bin, err)
 	}
 	addrs := make(chan [2]string, 1)
-	go p.readLog(stderr, logw, addrs)
 	go func() {
+		// Wait closes the pipe, so it may only run once the log was read to
+		// the end: reaping first would lose the last lines, the ones that
+		// say why a server exited.
+		p.readLog(stderr, logw, addrs)
 		p.waitErr = p.cmd.Wait()
 		close(p.exited)
 	}()
@@ -79,7 +82,11 @@ func startServerProc(bin string, logw io.Writer) (*serverProc, error) {
 
 // readLog copies the server's JSON log, keeps its tail, and sends the
 // addresses of the first line that names both the gRPC and HTTP listeners.
+// It returns at the end of the log, when the process has exited; past a line
+// too long to scan it discards the rest, so the server never blocks on a
+// full pipe.
 func (p *serverProc) readLog(r io.Reader, logw io.Writer, addrs chan<- [2]string) {
+	defer func() { _, _ = io.Copy(io.Discard, r) }()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	sent := false
