@@ -152,22 +152,27 @@ func Endpoint(s string) error {
 	return nil
 }
 
-// Introduced returns the errors of now whose (type, field) pair is not
-// already among before. An UPDATE is refused only for what it newly breaks,
-// so an object admitted under older, looser rules can still be edited
-// elsewhere.
+// Introduced returns the errors of now that are not already among before,
+// comparing (type, field, bad value). An UPDATE is refused only for what it
+// newly breaks: an object admitted under older, looser rules can still be
+// edited elsewhere, and may keep its bad value, but a bad field the update
+// changes must be changed to a valid value (as the apiserver ratchets CRD
+// schema validation). Errors that carry no value (Required, Forbidden)
+// match on type and field alone.
 func Introduced(now, before field.ErrorList) field.ErrorList {
 	type key struct {
-		t field.ErrorType
-		f string
+		t     field.ErrorType
+		f     string
+		value string
 	}
+	keyOf := func(e *field.Error) key { return key{e.Type, e.Field, fmt.Sprint(e.BadValue)} }
 	old := make(map[key]bool, len(before))
 	for _, e := range before {
-		old[key{e.Type, e.Field}] = true
+		old[keyOf(e)] = true
 	}
 	var out field.ErrorList
 	for _, e := range now {
-		if !old[key{e.Type, e.Field}] {
+		if !old[keyOf(e)] {
 			out = append(out, e)
 		}
 	}

@@ -128,14 +128,38 @@ func TestCacheBackendEndpoint(t *testing.T) {
 func TestIntroduced(t *testing.T) {
 	p := field.NewPath("spec")
 	a := field.Invalid(p.Child("a"), 1, "x")
-	a2 := field.Invalid(p.Child("a"), 2, "y") // same field and type, other value
-	b := field.Invalid(p.Child("b"), 1, "x")
-	got := Introduced(field.ErrorList{a2, b}, field.ErrorList{a})
+	aAgain := field.Invalid(p.Child("a"), 1, "x") // the violation kept as it was
+	a2 := field.Invalid(p.Child("a"), 2, "y")     // same field and type, a new bad value
+	b := field.Invalid(p.Child("b"), 1, "x")      // a new field
+	req := field.Required(p.Child("c"), "needed") // no value: kept while still missing
+	got := Introduced(field.ErrorList{aAgain, b, req}, field.ErrorList{a, field.Required(p.Child("c"), "needed")})
 	if len(got) != 1 || got[0] != b {
 		t.Fatalf("Introduced = %v, want only spec.b", got)
 	}
+	// Changing a bad value to another bad value introduces a violation: an
+	// UPDATE may keep what was admitted under older rules, not rewrite it.
+	got = Introduced(field.ErrorList{a2}, field.ErrorList{a})
+	if len(got) != 1 || got[0] != a2 {
+		t.Fatalf("Introduced = %v, want spec.a with the new value", got)
+	}
 	if got := Introduced(nil, field.ErrorList{a}); len(got) != 0 {
 		t.Fatalf("Introduced(nil) = %v", got)
+	}
+}
+
+// TestCachePolicyUpdateRatchets: an UPDATE keeps a legacy bad evictionTTL
+// only while it is unchanged.
+func TestCachePolicyUpdateRatchets(t *testing.T) {
+	p := field.NewPath("spec")
+	ttl := func(d time.Duration) *v1alpha1.CachePolicySpec {
+		return &v1alpha1.CachePolicySpec{EvictionTTL: &metav1.Duration{Duration: d}}
+	}
+	legacy := CachePolicySpec(ttl(0), p)
+	if got := Introduced(CachePolicySpec(ttl(0), p), legacy); len(got) != 0 {
+		t.Fatalf("unchanged legacy TTL refused: %v", got)
+	}
+	if got := Introduced(CachePolicySpec(ttl(-time.Hour), p), legacy); len(got) != 1 || got[0].Field != "spec.evictionTTL" {
+		t.Fatalf("a different non-positive TTL admitted: %v", got)
 	}
 }
 

@@ -10,7 +10,8 @@
 //
 // UPDATE refuses only the violations the update introduces
 // (validation.Introduced), so objects admitted under looser rules stay
-// editable. DELETE is never refused.
+// editable: a bad value may be kept as it is, but a field the update
+// changes must become valid. DELETE is never refused.
 package webhook
 
 import (

@@ -137,4 +137,15 @@ func TestCacheBackendUpdateIntroduced(t *testing.T) {
 	if _, err := v.ValidateUpdate(ctx(t), legacy, edited); err == nil {
 		t.Fatal("newly invalid endpoint admitted")
 	}
+	// A legacy bad endpoint may stay as it is, but not become another bad one.
+	legacy.Spec.Endpoint = "http://a:1"
+	edited = legacy.DeepCopy()
+	edited.Spec.Replicas = new(int32)
+	if _, err := v.ValidateUpdate(ctx(t), legacy, edited); err != nil {
+		t.Fatalf("legacy bad endpoint not editable: %v", err)
+	}
+	edited.Spec.Endpoint = "http://b:1"
+	if _, err := v.ValidateUpdate(ctx(t), legacy, edited); err == nil {
+		t.Fatal("legacy bad endpoint rewritten to another bad one")
+	}
 }

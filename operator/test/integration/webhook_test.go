@@ -145,7 +145,10 @@ func TestCachePolicyWebhookLegacy(t *testing.T) {
 	unlegacy(t, ctx, ns)
 
 	wantOK(t, "unrelated edit of a legacy violation", update(ctx, bad, func(p *v1alpha1.CachePolicy) { p.Spec.MinimumPrefixTokens = ptr(int32(8)) }))
-	wantOK(t, "same violation kept", update(ctx, bad, func(p *v1alpha1.CachePolicy) { p.Spec.EvictionTTL = &metav1.Duration{Duration: -time.Second} }))
+	// The legacy value may stay, but a changed one must be valid.
+	wantDenied(t, "legacy violation rewritten to another bad value",
+		update(ctx, bad, func(p *v1alpha1.CachePolicy) { p.Spec.EvictionTTL = &metav1.Duration{Duration: -time.Second} }), "spec.evictionTTL", "-1s")
+	wantOK(t, "legacy violation fixed", update(ctx, bad, func(p *v1alpha1.CachePolicy) { p.Spec.EvictionTTL = &metav1.Duration{Duration: time.Minute} }))
 	wantOK(t, "edit of a legacy duplicate", update(ctx, dup, func(p *v1alpha1.CachePolicy) { p.Spec.Eviction = "LFU" }))
 	wantDenied(t, "newly introduced zero TTL", update(ctx, dup, func(p *v1alpha1.CachePolicy) { p.Spec.EvictionTTL = &metav1.Duration{} }), "spec.evictionTTL")
 	// CREATE names the existing policy with the smallest name.
@@ -252,9 +255,15 @@ func TestCacheBackendWebhookLegacy(t *testing.T) {
 	ns := namespace(t, ctx, "wh-backend-legacy", true)
 	b := backendObj(ns, "ext", v1alpha1.BackendExternal, "")
 	wantOK(t, "legacy External without endpoint", k8s.Create(ctx, b))
+	bad := backendObj(ns, "ext-bad", v1alpha1.BackendExternal, "http://lmcache:8200")
+	wantOK(t, "legacy External with a bad endpoint", k8s.Create(ctx, bad))
 	unlegacy(t, ctx, ns)
 	wantOK(t, "unrelated edit", update(ctx, b, func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(2)) }))
 	wantDenied(t, "newly invalid endpoint", update(ctx, b, func(b *v1alpha1.CacheBackend) { b.Spec.Endpoint = "no-port" }), "with a port")
+	// A legacy bad endpoint may be kept, not replaced by another bad one.
+	wantOK(t, "edit keeping the legacy endpoint", update(ctx, bad, func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(3)) }))
+	wantDenied(t, "legacy endpoint replaced by another bad one",
+		update(ctx, bad, func(b *v1alpha1.CacheBackend) { b.Spec.Endpoint = "grpc://lmcache:8200" }), `scheme "grpc://"`)
 }
 
 func TestCacheIndexAndOthersSchema(t *testing.T) {
