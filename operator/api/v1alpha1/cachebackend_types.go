@@ -166,9 +166,12 @@ type CacheBackendIntegration struct {
 	// +kubebuilder:default=true
 	FailOpen *bool `json:"failOpen,omitempty"`
 	// FirstEventTimeout bounds how long an available backend may wait for
-	// its first KV event before it is reported degraded.
+	// its first KV event before it is reported degraded; a Go duration such
+	// as 5m (a unit is required).
 	// +optional
 	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^[-+]?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	FirstEventTimeout *metav1.Duration `json:"firstEventTimeout,omitempty"`
 	// EngineOverrides amends the non-reserved args and env injected into the
 	// engine container.

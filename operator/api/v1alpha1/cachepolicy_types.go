@@ -46,10 +46,12 @@ type CachePolicySpec struct {
 	// +kubebuilder:default=LRU
 	Eviction EvictionAlgorithm `json:"eviction,omitempty"`
 
-	// EvictionTTL is the maximum usable lifetime of a cache entry, e.g. 15m.
-	// It must be positive when set; when omitted the server default (30m)
-	// applies.
+	// EvictionTTL is the maximum usable lifetime of a cache entry, a Go
+	// duration such as 15m or 1h30m (a unit is required). It must be
+	// positive when set; when omitted the server default (30m) applies.
 	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^[-+]?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 	EvictionTTL *metav1.Duration `json:"evictionTTL,omitempty"`
 
 	// MinimumPrefixTokens is the request-side gate: a request whose prefix is

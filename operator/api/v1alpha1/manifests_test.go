@@ -5,8 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // TestGeneratedFilesUpToDate regenerates the deep-copy code, CRDs, RBAC role
@@ -53,6 +57,50 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 		}
 		if !bytes.Equal(g, w) {
 			t.Errorf("%s is stale: run bash hack/manifests.sh and commit the result", want)
+		}
+	}
+}
+
+// TestDurationPatternMatchesParseDuration: the schema pattern on the
+// metav1.Duration fields admits exactly the strings time.ParseDuration
+// parses (short of overflow), so a stored object always decodes and a
+// typed list never fails on one bad field.
+func TestDurationPatternMatchesParseDuration(t *testing.T) {
+	_, self, _, _ := runtime.Caller(0)
+	crds := filepath.Join(filepath.Dir(self), "..", "..", "config", "crd", "bases")
+	pattern := func(file string, path ...string) *regexp.Regexp {
+		t.Helper()
+		raw, err := os.ReadFile(filepath.Join(crds, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var crd map[string]any
+		if err := yaml.Unmarshal(raw, &crd); err != nil {
+			t.Fatal(err)
+		}
+		node := crd["spec"].(map[string]any)["versions"].([]any)[0].(map[string]any)["schema"].(map[string]any)["openAPIV3Schema"]
+		for _, p := range path {
+			node = node.(map[string]any)["properties"].(map[string]any)[p]
+		}
+		s, _ := node.(map[string]any)["pattern"].(string)
+		if s == "" {
+			t.Fatalf("%s %v has no pattern", file, path)
+		}
+		return regexp.MustCompile(s)
+	}
+	res := []*regexp.Regexp{
+		pattern("inferencecache.io_cachepolicies.yaml", "spec", "evictionTTL"),
+		pattern("inferencecache.io_cachebackends.yaml", "spec", "integration", "firstEventTimeout"),
+	}
+	for _, s := range []string{
+		"15m", "1h30m", "1.5h", ".5s", "1.s", "0", "-0", "+0", "0s", "-1m0s", "500ms", "1µs", "1μs", "2us", "3ns", "1h2m3s4ms5us6ns",
+		"", "15", "m", "1d", "1w", "15 m", " 15m", "15m ", "1h-30m", "--1s", "1e3s", ".s", "1..5s", "abc", "1S", "1H",
+	} {
+		_, err := time.ParseDuration(s)
+		for _, re := range res {
+			if got := re.MatchString(s); got != (err == nil) {
+				t.Errorf("%q: pattern %v, time.ParseDuration error %v", s, got, err)
+			}
 		}
 	}
 }

@@ -284,3 +284,46 @@ func TestCacheIndexAndOthersSchema(t *testing.T) {
 	hc.Spec.HiCache = &v1alpha1.HiCacheSpec{SizeGB: ptr(int32(4)), Ratio: "2"}
 	wantDenied(t, "hiCache sizeGB and ratio", k8s.Create(ctx, hc), "set exactly one of sizeGB and ratio")
 }
+
+// TestDurationsDecode: a duration field the Go types could not decode (no
+// unit, not a number) is refused by the schema itself, where no webhook is
+// called. Stored, such an object would fail every typed list of its kind,
+// and with it the controller's informer for all of them.
+func TestDurationsDecode(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-durations", true) // legacy: the webhooks do not run
+	objs := map[string]*unstructured.Unstructured{
+		"CachePolicy evictionTTL": {Object: map[string]any{
+			"apiVersion": "inferencecache.io/v1alpha1", "kind": "CachePolicy",
+			"metadata": map[string]any{"namespace": ns, "name": "p"},
+			"spec":     map[string]any{},
+		}},
+		"CacheBackend firstEventTimeout": {Object: map[string]any{
+			"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
+			"metadata": map[string]any{"namespace": ns, "name": "b"},
+			"spec":     map[string]any{},
+		}},
+	}
+	set := func(u *unstructured.Unstructured, v string) {
+		if u.GetKind() == "CachePolicy" {
+			u.Object["spec"] = map[string]any{"evictionTTL": v}
+		} else {
+			u.Object["spec"] = map[string]any{"integration": map[string]any{"firstEventTimeout": v}}
+		}
+	}
+	for what, u := range objs {
+		for _, bad := range []string{"15", "15 m", "m", "1d", "abc", ""} {
+			set(u, bad)
+			err := k8s.Create(ctx, u.DeepCopy())
+			if err == nil {
+				_ = k8s.Delete(ctx, u.DeepCopy())
+			}
+			wantDenied(t, what+" "+bad, err, "should match")
+		}
+		for _, good := range []string{"15m", "1h30m", "90s", "1.5h", "500ms", "0s", "-1m0s", "0", "1µs", "2us", "+3ns"} {
+			set(u, good)
+			c := u.DeepCopy()
+			wantOK(t, what+" "+good, k8s.Create(ctx, c, client.DryRunAll))
+		}
+	}
+}
