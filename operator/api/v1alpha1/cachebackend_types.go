@@ -209,9 +209,9 @@ type HiCacheSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	SizeGB *int32 `json:"sizeGB,omitempty"`
 	// Ratio is the host pool size relative to the device pool, as a decimal
-	// string greater than zero.
+	// string greater than zero without leading zeros, such as 2 or 0.5.
 	// +optional
-	// +kubebuilder:validation:Pattern=`^([0-9]+)(\.[0-9]+)?$`
+	// +kubebuilder:validation:Pattern=`^(0\.[0-9]*[1-9][0-9]*|[1-9][0-9]*(\.[0-9]+)?)$`
 	Ratio string `json:"ratio,omitempty"`
 	// +optional
 	WritePolicy HiCacheWritePolicy `json:"writePolicy,omitempty"`

@@ -283,6 +283,15 @@ func TestCacheIndexAndOthersSchema(t *testing.T) {
 	hc := backendObj(ns, "hc", v1alpha1.BackendSGLangHiCache, "")
 	hc.Spec.HiCache = &v1alpha1.HiCacheSpec{SizeGB: ptr(int32(4)), Ratio: "2"}
 	wantDenied(t, "hiCache sizeGB and ratio", k8s.Create(ctx, hc), "set exactly one of sizeGB and ratio")
+	hc.Spec.HiCache.SizeGB = nil
+	for _, zero := range []string{"0", "0.0", "00", "01.5"} {
+		hc.Spec.HiCache.Ratio = zero
+		wantDenied(t, "hiCache ratio "+zero, k8s.Create(ctx, hc, client.DryRunAll), "spec.hiCache.ratio")
+	}
+	for _, ok := range []string{"2", "0.5", "1.25", "10"} {
+		hc.Spec.HiCache.Ratio = ok
+		wantOK(t, "hiCache ratio "+ok, k8s.Create(ctx, hc.DeepCopy(), client.DryRunAll))
+	}
 }
 
 // TestDurationsDecode: a duration field the Go types could not decode (no
