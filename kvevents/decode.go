@@ -464,8 +464,10 @@ func (d *Decoder) removedField(b *Batch, ev *Event, i int) error {
 }
 
 // mapEvent decodes the map layout ({"type": "BlockStored", ...}). Keys may
-// come in any order, so every known field is decoded before the tag is
-// known; fields that do not belong to the final kind are ignored.
+// come in any order. Before the tag is known every known field is decoded;
+// once it is known (msgspec writes it first) only the fields of that kind
+// are, and the others are skipped whatever their shape, so an event type
+// this decoder does not know cannot fail the batch by reusing a known name.
 func (d *Decoder) mapEvent(b *Batch, ev *Event) error {
 	n, err := d.mapLen()
 	if err != nil {
@@ -477,36 +479,25 @@ func (d *Decoder) mapEvent(b *Batch, ev *Event) error {
 		if err != nil {
 			return decErr(ReasonEvent, err)
 		}
-		switch string(key) {
-		case "type":
+		if string(key) == "type" {
 			if ev.Kind, err = d.tag(); err != nil {
 				return err
 			}
 			haveTag = true
-		case "block_hashes":
-			err = d.storedField(b, ev, posStoredHashes)
-			haveHashes = err == nil
-		case "parent_block_hash":
-			err = d.storedField(b, ev, posStoredParent)
-		case "token_ids":
-			err = d.storedField(b, ev, posStoredTokens)
-			haveTokens = err == nil
-		case "block_size":
-			err = d.storedField(b, ev, posStoredBlockSize)
-		case "lora_id":
-			err = d.storedField(b, ev, posStoredLoRAID)
-		case "medium":
-			err = d.storedField(b, ev, posStoredMedium)
-		case "lora_name":
-			err = d.storedField(b, ev, posStoredLoRAName)
-		default:
-			if err = d.skipValue(); err != nil {
-				err = decErr(ReasonEvent, err)
-			}
+			continue
 		}
-		if err != nil {
+		field := mapField(key)
+		if field < 0 || (haveTag && !ev.Kind.hasField(field)) {
+			if err := d.skipValue(); err != nil {
+				return decErr(ReasonEvent, err)
+			}
+			continue
+		}
+		if err := d.storedField(b, ev, field); err != nil {
 			return err
 		}
+		haveHashes = haveHashes || field == posStoredHashes
+		haveTokens = haveTokens || field == posStoredTokens
 	}
 	if !haveTag {
 		ev.Kind = KindUnknown
@@ -520,11 +511,45 @@ func (d *Decoder) mapEvent(b *Batch, ev *Event) error {
 		if !haveHashes {
 			return &DecodeError{Reason: ReasonEvent, Err: errMissingField}
 		}
-		ev.TokenIDs, ev.HasParent, ev.LoRAName, ev.HasLoRAID = nil, false, nil, false
+		*ev = Event{Kind: ev.Kind, BlockHashes: ev.BlockHashes, Medium: ev.Medium}
 	case KindAllBlocksCleared, KindUnknown:
 		*ev = Event{Kind: ev.Kind}
 	}
 	return nil
+}
+
+// mapField returns the storedField position a map-layout key names, or -1
+// for a key this decoder does not read.
+func mapField(key []byte) int {
+	switch string(key) {
+	case "block_hashes":
+		return posStoredHashes
+	case "parent_block_hash":
+		return posStoredParent
+	case "token_ids":
+		return posStoredTokens
+	case "block_size":
+		return posStoredBlockSize
+	case "lora_id":
+		return posStoredLoRAID
+	case "medium":
+		return posStoredMedium
+	case "lora_name":
+		return posStoredLoRAName
+	}
+	return -1
+}
+
+// hasField reports whether events of kind k carry the map-layout field at
+// storedField position field.
+func (k EventKind) hasField(field int) bool {
+	switch k {
+	case KindBlockStored:
+		return true
+	case KindBlockRemoved:
+		return field == posStoredHashes || field == posStoredMedium
+	}
+	return false
 }
 
 // tag reads an event tag. A non-string tag makes an unknown event.

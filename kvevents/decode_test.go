@@ -230,6 +230,37 @@ func TestDecodeUnknownEventsTolerated(t *testing.T) {
 	}
 }
 
+func TestDecodeMapEventIgnoresFieldsOfOtherKinds(t *testing.T) {
+	// msgspec writes the tag first. Once it is known, fields that another
+	// kind would read are skipped whatever their shape: an event type from
+	// the future reusing a known name, or a removal or clear carrying a
+	// field it does not have, must not cost the batch its other events.
+	m := newMP(t).arr(2).f(1).arr(4)
+	m.mapn(4).str("type").str("BlockUpdated").
+		str("block_hashes").str("not-a-list").
+		str("token_ids").mapn(1).str("k").u(1).
+		str("medium").u(3)
+	m.mapn(3).str("type").str("BlockRemoved").str("block_hashes").ints(5).str("token_ids").str("none")
+	m.mapn(2).str("type").str("AllBlocksCleared").str("medium").boolean(true)
+	m.mapn(3).str("type").str("BlockStored").str("block_hashes").ints(6).str("token_ids").ints(seqTokens(16, 0)...)
+	b := decodeOK(t, m.bytes())
+	kinds := []EventKind{KindUnknown, KindBlockRemoved, KindAllBlocksCleared, KindBlockStored}
+	if len(b.Events) != len(kinds) {
+		t.Fatalf("events=%d", len(b.Events))
+	}
+	for i, want := range kinds {
+		if b.Events[i].Kind != want {
+			t.Fatalf("event %d kind %v, want %v", i, b.Events[i].Kind, want)
+		}
+	}
+	if rm := b.Events[1]; !slices.Equal(rm.BlockHashes, []uint64{5}) || rm.TokenIDs != nil {
+		t.Fatalf("removed: %+v", rm)
+	}
+	if st := b.Events[3]; !slices.Equal(st.BlockHashes, []uint64{6}) || len(st.TokenIDs) != 16 {
+		t.Fatalf("stored: %+v", st)
+	}
+}
+
 func TestDecodeMalformed(t *testing.T) {
 	good := newMP(t).arr(2).f(1).arr(1).arr(5).str("BlockStored").ints(1).null().ints(seqTokens(16, 0)...).u(16).bytes()
 	f := func(name string, payload []byte, reason string) {
