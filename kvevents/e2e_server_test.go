@@ -10,7 +10,6 @@ package kvevents
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -25,6 +24,7 @@ import (
 	"github.com/inferencecache/inferencecache/policy"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/server/servertest"
 )
 
 // realServer is an in-process inferencecache server on loopback ports and
@@ -43,37 +43,13 @@ type realServer struct {
 // Engine().Snapshot() (lookups skip them regardless).
 func startRealServer(t testing.TB, cfgMut func(*server.Config)) *realServer {
 	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.InsecureDisableAuth = true
-	cfg.DrainTimeout = 2 * time.Second
-	cfg.SweepInterval = time.Hour
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	if cfgMut != nil {
-		cfgMut(&cfg)
-	}
-	srv, err := server.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Error("server Run did not return")
+	srv := servertest.Start(t, func(cfg *server.Config) {
+		cfg.DrainTimeout = 2 * time.Second
+		cfg.SweepInterval = time.Hour
+		if cfgMut != nil {
+			cfgMut(cfg)
 		}
 	})
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatalf("server Run returned before ready: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("server not ready in 10 s")
-	}
 	srv.Policies().Apply(&policy.Body{Version: policy.PropagationVersion, Policies: []policy.ResolvedPolicy{{
 		Namespace:            "t",
 		MinimumMatchedTokens: 16,

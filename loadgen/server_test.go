@@ -3,7 +3,6 @@ package loadgen_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/rpc"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/server/servertest"
 )
 
 // testServer is a real cache server in process on 127.0.0.1.
@@ -25,38 +25,7 @@ type testServer struct {
 // (bounded) when the test ends. wrap, when non-nil, wraps its index.
 func startServer(t *testing.T, wrap func(rpc.Index) rpc.Index) *testServer {
 	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.WrapIndex = wrap
-	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.InsecureDisableAuth = true
-	cfg.DrainTimeout = 5 * time.Second
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	srv, err := server.New(cfg)
-	if err != nil {
-		t.Fatalf("server.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("server.Run: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Errorf("server did not stop within 15s")
-		}
-	})
-	select {
-	case <-srv.Ready():
-	case err := <-done:
-		t.Fatalf("server stopped before serving: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("server not ready within 10s")
-	}
-	return &testServer{srv: srv}
+	return &testServer{srv: servertest.Start(t, func(c *server.Config) { c.WrapIndex = wrap })}
 }
 
 func (s *testServer) grpcAddr() string { return s.srv.GRPCAddr().String() }

@@ -4,19 +4,15 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/rpc"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/server/servertest"
 )
 
 // The engine issue's workload (shape of engine/workload_test.go): one
@@ -39,12 +35,6 @@ type benchFixture struct {
 	reqs   []*pb.LookupRouteRequest
 }
 
-var (
-	benchOnce sync.Once
-	benchFix  *benchFixture
-	benchErr  error
-)
-
 func splitmix(x uint64) uint64 {
 	x += 0x9e3779b97f4a7c15
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
@@ -65,65 +55,45 @@ func benchChain(p int) [][]byte {
 	return out
 }
 
-// getBenchFixture starts the production server wiring (package server:
+// newBenchFixture starts the production server wiring (package server:
 // keepalive, message limits, health, reflection, the metrics observer) on
-// 127.0.0.1 with no entry cap, seeds its index directly through the engine
-// (setup speed: about 1 s for 2.25M entries), and connects a client. The
-// server lives until the test binary exits.
-func getBenchFixture(b testing.TB) *benchFixture {
-	benchOnce.Do(func() {
-		cfg := server.DefaultConfig()
-		cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-		cfg.InsecureDisableAuth = true
-		cfg.MaxIndexEntries = 0 // the workload holds 2.25M entries
-		cfg.Logger = slog.New(slog.DiscardHandler)
-		srv, err := server.New(cfg)
-		if err != nil {
-			benchErr = err
-			return
-		}
-		go func() { _ = srv.Run(context.Background()) }()
-		<-srv.Ready()
-		e := srv.Engine()
-		counts := make([]int32, benchBlocks)
-		for i := range counts {
-			counts[i] = 16
-		}
-		replicas := make([]string, 32)
-		for i := range replicas {
-			replicas[i] = fmt.Sprintf("vllm-%02d", i)
-		}
-		r := rand.New(rand.NewPCG(42, 7))
-		now := time.Now().UnixMicro()
-		u := &engine.Update{TenantID: benchTenant, ModelID: benchModel, HashScheme: benchScheme, TimestampUs: now, Prefixes: make([]engine.PrefixEntry, 1)}
-		for p := 0; p < benchPrompts; p++ {
-			chain := benchChain(p)
-			for _, h := range r.Perm(32)[:1+r.IntN(3)] {
-				u.ReplicaID = replicas[h]
-				u.Prefixes[0] = engine.PrefixEntry{BlockHashes: chain, BlockTokenCounts: counts}
-				e.Ingest(u, now)
-			}
-		}
-		conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			benchErr = err
-			return
-		}
-		f := &benchFixture{srv: srv, client: pb.NewInferenceCacheClient(conn)}
-		for i := 0; i < 4096; i++ {
-			f.reqs = append(f.reqs, &pb.LookupRouteRequest{TenantId: benchTenant, ModelId: benchModel, HashScheme: benchScheme,
-				BlockHashes: benchChain((i * 7919) % benchPrompts), BlockTokenCounts: counts})
-		}
-		if entries, keys := e.Counts(); entries < 2_000_000 {
-			benchErr = fmt.Errorf("workload built only %d entries over %d keys", entries, keys)
-			return
-		}
-		benchFix = f
+// 127.0.0.1 with no entry cap through servertest, seeds its index directly
+// through the engine (setup speed: about 1 s for 2.25M entries), and
+// connects a client. The server stops when b ends.
+func newBenchFixture(b testing.TB) *benchFixture {
+	b.Helper()
+	srv := servertest.Start(b, func(c *server.Config) {
+		c.MaxIndexEntries = 0 // the workload holds 2.25M entries
 	})
-	if benchErr != nil {
-		b.Fatal(benchErr)
+	e := srv.Engine()
+	counts := make([]int32, benchBlocks)
+	for i := range counts {
+		counts[i] = 16
 	}
-	return benchFix
+	replicas := make([]string, 32)
+	for i := range replicas {
+		replicas[i] = fmt.Sprintf("vllm-%02d", i)
+	}
+	r := rand.New(rand.NewPCG(42, 7))
+	now := time.Now().UnixMicro()
+	u := &engine.Update{TenantID: benchTenant, ModelID: benchModel, HashScheme: benchScheme, TimestampUs: now, Prefixes: make([]engine.PrefixEntry, 1)}
+	for p := 0; p < benchPrompts; p++ {
+		chain := benchChain(p)
+		for _, h := range r.Perm(32)[:1+r.IntN(3)] {
+			u.ReplicaID = replicas[h]
+			u.Prefixes[0] = engine.PrefixEntry{BlockHashes: chain, BlockTokenCounts: counts}
+			e.Ingest(u, now)
+		}
+	}
+	f := &benchFixture{srv: srv, client: pb.NewInferenceCacheClient(servertest.Conn(b, srv))}
+	for i := 0; i < 4096; i++ {
+		f.reqs = append(f.reqs, &pb.LookupRouteRequest{TenantId: benchTenant, ModelId: benchModel, HashScheme: benchScheme,
+			BlockHashes: benchChain((i * 7919) % benchPrompts), BlockTokenCounts: counts})
+	}
+	if entries, keys := e.Counts(); entries < 2_000_000 {
+		b.Fatalf("workload built only %d entries over %d keys", entries, keys)
+	}
+	return f
 }
 
 // BenchmarkGRPCLookupRoute measures a matching 64-block chain lookup on the
@@ -133,7 +103,7 @@ func getBenchFixture(b testing.TB) *benchFixture {
 // service method directly: its allocs/op are the server side's own (the
 // response message; see TestLookupRouteAllocs).
 func BenchmarkGRPCLookupRoute(b *testing.B) {
-	f := getBenchFixture(b)
+	f := newBenchFixture(b)
 	svc := f.srv.Service()
 	ctx := context.Background()
 	check := func(resp *pb.LookupRouteResponse, err error) {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,78 +12,34 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	dto "github.com/prometheus/client_model/go"
 
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/server/servertest"
 )
 
-var quiet = slog.New(slog.DiscardHandler)
+// testConfig is the servertest configuration: an insecure server on
+// loopback ports chosen by the kernel.
+func testConfig() server.Config { return servertest.Config() }
 
-// testConfig is an insecure server on loopback ports chosen by the kernel.
-func testConfig() server.Config {
-	cfg := server.DefaultConfig()
-	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.InsecureDisableAuth = true
-	cfg.DrainTimeout = 5 * time.Second
-	cfg.Logger = quiet
-	return cfg
-}
-
-// running is a started server.
+// running is a started server with a plaintext client (none with TLS).
 type running struct {
-	*server.Server
-	stop func()           // cancels Run's context
-	done <-chan struct{}  // closed when Run returned
-	err  error            // Run's result, set before done closes
-	conn *grpc.ClientConn // plaintext client (nil with TLS)
+	*servertest.Running
+	conn *grpc.ClientConn
 	cli  pb.InferenceCacheClient
 }
 
-// start runs a server built from cfg and waits until it is ready. The
-// cleanup stops it and fails the test if Run does not return in 15 s.
+// start runs a server built from cfg through servertest.Run, which waits
+// until it is ready and stops it (bounded) when the test ends.
 func start(t *testing.T, cfg server.Config) *running {
 	t.Helper()
-	srv, err := server.New(cfg)
-	if err != nil {
-		t.Fatal(err)
+	r := &running{Running: servertest.Run(t, func(c *server.Config) { *c = cfg })}
+	if !r.TLS() {
+		r.conn = servertest.Conn(t, r.Server)
+		r.cli = pb.NewInferenceCacheClient(r.conn)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	r := &running{Server: srv, stop: cancel, done: done}
-	go func() {
-		r.err = srv.Run(ctx)
-		close(done)
-	}()
-	select {
-	case <-srv.Ready():
-	case <-done:
-		cancel()
-		t.Fatalf("Run returned before ready: %v", r.err)
-	case <-time.After(10 * time.Second):
-		cancel()
-		t.Fatal("server not ready in 10 s")
-	}
-	if !srv.TLS() {
-		conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.conn, r.cli = conn, pb.NewInferenceCacheClient(conn)
-	}
-	t.Cleanup(func() {
-		if r.conn != nil {
-			_ = r.conn.Close()
-		}
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Error("Run did not return 15 s after cancel")
-		}
-	})
 	return r
 }
 

@@ -16,7 +16,8 @@
 //	conn, _ := grpc.NewClient(srv.GRPCAddr().String(), ...)
 //
 // New binds the listeners, so the addresses (port 0 resolved) are known
-// before Run.
+// before Run. Tests start one through server/servertest, which does the
+// above with bounded waits and stops the server when the test ends.
 package server
 
 import (

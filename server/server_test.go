@@ -353,7 +353,7 @@ func TestGracefulDrain(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("call never reached the index")
 	}
-	s.stop()
+	s.Stop()
 	readyz := "http://" + s.HTTPAddr().String() + "/readyz"
 	waitFor(t, "/readyz 503", func() bool {
 		code, _ := httpDo(t, http.MethodGet, readyz, "", nil)
@@ -364,8 +364,8 @@ func TestGracefulDrain(t *testing.T) {
 	}
 	// New calls are refused while the old one finishes.
 	select {
-	case <-s.done:
-		t.Fatalf("Run returned with a call in flight: %v", s.err)
+	case <-s.Done():
+		t.Fatalf("Run returned with a call in flight: %v", s.Err())
 	default:
 	}
 	close(slow.release)
@@ -374,9 +374,9 @@ func TestGracefulDrain(t *testing.T) {
 		t.Fatalf("in-flight call: %q, %v; want it to finish normally", reason, callErr)
 	}
 	select {
-	case <-s.done:
-		if s.err != nil {
-			t.Fatalf("Run: %v", s.err)
+	case <-s.Done():
+		if s.Err() != nil {
+			t.Fatalf("Run: %v", s.Err())
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after the drain")
@@ -403,11 +403,11 @@ func TestDrainTimeout(t *testing.T) {
 		return err == nil && r != nil
 	})
 	began := time.Now()
-	s.stop()
+	s.Stop()
 	select {
-	case <-s.done:
-		if s.err != nil {
-			t.Fatalf("Run: %v", s.err)
+	case <-s.Done():
+		if s.Err() != nil {
+			t.Fatalf("Run: %v", s.Err())
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run outlived the drain timeout")
@@ -434,9 +434,9 @@ func TestStuckHandler(t *testing.T) {
 	s := start(t, cfg)
 	go func() { _, _ = s.cli.LookupRoute(tctx(t), &pb.LookupRouteRequest{ModelId: "slow"}) }()
 	<-slow.entered
-	s.stop()
+	s.Stop()
 	select {
-	case <-s.done:
+	case <-s.Done():
 	case <-time.After(6 * time.Second):
 		t.Fatal("a stuck handler held Run")
 	}
@@ -468,7 +468,7 @@ func TestHealthDuringDrain(t *testing.T) {
 	}
 	go func() { _, _ = s.cli.LookupRoute(tctx(t), &pb.LookupRouteRequest{ModelId: "slow"}) }()
 	<-slow.entered
-	s.stop()
+	s.Stop()
 	waitFor(t, "NOT_SERVING", func() bool {
 		r, err := hc.Check(tctx(t), &healthpb.HealthCheckRequest{})
 		return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING

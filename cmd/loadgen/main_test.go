@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -20,38 +19,16 @@ import (
 
 	"github.com/inferencecache/inferencecache/loadgen"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/server/servertest"
 )
 
 // startServer runs a server in process on 127.0.0.1 (gRPC over TLS when
 // certFile and keyFile are set) and returns its gRPC address.
 func startServer(t *testing.T, certFile, keyFile string) string {
 	t.Helper()
-	cfg := server.DefaultConfig()
-	cfg.TLSCertFile, cfg.TLSKeyFile = certFile, keyFile
-	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.InsecureDisableAuth = true
-	cfg.DrainTimeout = 5 * time.Second
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	srv, err := server.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Error("server did not stop within 15s")
-		}
+	srv := servertest.Start(t, func(cfg *server.Config) {
+		cfg.TLSCertFile, cfg.TLSKeyFile = certFile, keyFile
 	})
-	select {
-	case <-srv.Ready():
-	case <-time.After(10 * time.Second):
-		t.Fatal("server not ready within 10s")
-	}
 	return srv.GRPCAddr().String()
 }
 
