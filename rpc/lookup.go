@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"time"
+	"unsafe"
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
@@ -28,20 +29,34 @@ type lookupScratch struct {
 	seed []byte
 }
 
-// maxRetainedScratch bounds the buffers a pooled scratch keeps: a rare huge
-// request (say 2^20 token ids) must not pin megabytes in the pool.
+// maxRetainedScratch bounds, in bytes, each buffer a pooled scratch keeps:
+// a rare huge request (say 2^20 token ids, or a chain of 100,000 blocks)
+// must not pin megabytes in the pool.
 const maxRetainedScratch = 64 << 10
 
 func (s *Service) getScratch() *lookupScratch { return s.scratch.Get().(*lookupScratch) }
 
+// putScratch returns sc to the pool, first dropping its references to the
+// request and every buffer the call grew beyond maxRetainedScratch.
 func (s *Service) putScratch(sc *lookupScratch) {
-	// Drop references to the request and its tokens.
+	// The engine's result scratch is opaque here; it grows by at least 8
+	// bytes per block of the request's chain (prefix sums, walked nodes)
+	// and by one Score per replica scored.
+	if len(sc.req.BlockHashes) > maxRetainedScratch/8 || oversized(sc.res.Scores) {
+		sc.res = engine.LookupResult{}
+	}
 	sc.req = engine.LookupRequest{}
 	sc.in = lookupInput{}
-	if cap(sc.wire) > maxRetainedScratch || cap(sc.seed) > maxRetainedScratch || cap(sc.sums) > maxRetainedScratch/8 {
+	if oversized(sc.sums) || oversized(sc.wire) || oversized(sc.hashes) || oversized(sc.counts) || oversized(sc.seed) {
 		sc.sums, sc.wire, sc.hashes, sc.counts, sc.seed = nil, nil, nil, nil, nil
 	}
 	s.scratch.Put(sc)
+}
+
+// oversized reports whether b's backing array exceeds maxRetainedScratch.
+func oversized[T any](b []T) bool {
+	var zero T
+	return uintptr(cap(b))*unsafe.Sizeof(zero) > maxRetainedScratch
 }
 
 // lookupInput is the request's input after dual-input resolution (contract
