@@ -77,6 +77,10 @@ func run(args []string) error {
 	pcfg.Encoding.MapBatch, pcfg.Encoding.HashBytes = mapBatch, hashBytes
 	syn.Seed = pcfg.Seed
 	syn.CapacityBlocks, moon.CapacityBlocks = *capacity, *capacity
+	// Batches are stamped from now, as an engine stamps its events: the
+	// server ages entries by that stamp, and one older than its TTL never
+	// matches.
+	syn.Start, moon.Start = time.Now(), time.Now()
 	for s := range strings.SplitSeq(ids, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue

@@ -231,3 +231,24 @@ func TestSyntheticStartAndHolds(t *testing.T) {
 		t.Fatalf("%d held by the events, CachedBlocks %d", n, w.CachedBlocks())
 	}
 }
+
+// TestMooncakeTimestampsFollowWallClock: a batch is stamped when the fake
+// engine publishes it, Start plus the trace offset divided by Speedup, as a
+// real engine stamps its events; a server ages entries by that stamp.
+func TestMooncakeTimestampsFollowWallClock(t *testing.T) {
+	reqs := []fakeengine.TraceRequest{
+		{Timestamp: 1000, InputLength: 1024, HashIDs: []uint64{1, 2}},
+		{Timestamp: 61000, InputLength: 1536, HashIDs: []uint64{1, 2, 3}},
+	}
+	start := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	w := fakeengine.NewMooncake(reqs, fakeengine.MooncakeConfig{Start: start, Speedup: 10})
+	for i, off := range []time.Duration{100 * time.Millisecond, 6100 * time.Millisecond} {
+		b, _, ok := w.Next()
+		if !ok {
+			t.Fatal("exhausted")
+		}
+		if want := float64(start.Add(off).UnixMicro()) / 1e6; math.Abs(b.TS-want) > 1e-6 {
+			t.Fatalf("batch %d ts %v, want %v (%v after start)", i, b.TS, want, off)
+		}
+	}
+}

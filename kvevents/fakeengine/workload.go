@@ -246,6 +246,12 @@ func LoadTrace(path string, limit int) ([]TraceRequest, error) {
 type MooncakeConfig struct {
 	CapacityBlocks int     // simulated cache size in 512-token blocks (default 8192)
 	Speedup        float64 // trace time / wall time (default 1)
+	// Start is the timestamp of the trace's time 0; a request is stamped
+	// Start + its trace offset / Speedup, when it would be published. Zero
+	// means 2026-01-01 00:00 UTC (deterministic); a real server only
+	// matches entries younger than its TTL, so runs against one start near
+	// now.
+	Start time.Time
 }
 
 // Mooncake replays the Mooncake conversation trace as an engine would
@@ -259,7 +265,7 @@ type Mooncake struct {
 	reqs  []TraceRequest
 	i     int
 	cache *cache
-	t0    float64
+	t0    float64 // cfg.Start in seconds
 }
 
 // NewMooncake returns a trace workload over reqs.
@@ -270,8 +276,12 @@ func NewMooncake(reqs []TraceRequest, cfg MooncakeConfig) *Mooncake {
 	if cfg.Speedup <= 0 {
 		cfg.Speedup = 1
 	}
+	start := cfg.Start
+	if start.IsZero() {
+		start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
 	return &Mooncake{cfg: cfg, reqs: reqs, cache: newCache(cfg.CapacityBlocks),
-		t0: float64(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Unix())}
+		t0: float64(start.UnixMicro()) / 1e6}
 }
 
 // CachedBlocks returns how many blocks the simulated cache holds.
@@ -290,7 +300,7 @@ func (w *Mooncake) Next() (Batch, time.Duration, bool) {
 		after = time.Duration(float64(dms) * float64(time.Millisecond) / w.cfg.Speedup)
 	}
 	w.i++
-	b := Batch{TS: w.t0 + float64(r.Timestamp)/1000}
+	b := Batch{TS: w.t0 + float64(r.Timestamp)/1000/w.cfg.Speedup}
 	ids := r.HashIDs[:min(len(r.HashIDs), r.InputLength/MooncakeBlockSize)]
 	hit := 0
 	for hit < len(ids) && w.cache.has(ids[hit]) {
