@@ -69,15 +69,12 @@ type Metrics struct {
 	policyAuth      *prometheus.CounterVec   // result
 	probeAuth       *prometheus.CounterVec   // result
 
-	// models caches each model's resolved lookup series. Entries are added
-	// under modelsMu and never removed; reads (ObserveLookup) are lock-free
-	// map loads.
-	models *xsync.MapOf[string, *modelSeries]
-	// modelsMu serializes the first-time creation of a model's entry in
-	// models, so its series are resolved once; only modelSlow takes it.
-	modelsMu sync.Mutex
-	// entries caches the index_entries child per model (LoadOrCompute on
-	// first use, never removed); reads are lock-free.
+	// models caches each model's resolved lookup series and entries its
+	// index_entries child. Both are filled with LoadOrCompute on a model's
+	// first use (which runs the constructor once per key, under the map's
+	// bucket lock) and never shrink; ObserveLookup and SetIndexEntries read
+	// them with lock-free loads.
+	models  *xsync.MapOf[string, *modelSeries]
 	entries *xsync.MapOf[string, prometheus.Gauge]
 }
 
@@ -184,22 +181,17 @@ func b2f(b bool) float64 {
 func (m *Metrics) ObserveLookup(model, reason string, hintUsed bool, elapsed time.Duration) {
 	ms, ok := m.models.Load(model)
 	if !ok {
-		ms = m.modelSlow(model)
+		ms, _ = m.models.LoadOrCompute(model, func() *modelSeries { return m.newModelSeries(model) })
 	}
 	ms.counter(m, reason, hintUsed).Inc()
 	ms.latency.Observe(elapsed.Seconds())
 }
 
-// modelSlow resolves a model's series the first time it is seen.
-func (m *Metrics) modelSlow(model string) *modelSeries {
-	m.modelsMu.Lock()
-	defer m.modelsMu.Unlock()
-	if ms, ok := m.models.Load(model); ok {
-		return ms
-	}
+// newModelSeries resolves a model's latency series; its call counters are
+// resolved as their (reason, hint) pairs appear.
+func (m *Metrics) newModelSeries(model string) *modelSeries {
 	ms := &modelSeries{model: model, latency: m.lookupLatency.WithLabelValues(model)}
 	ms.calls.Store(&[]callSeries{})
-	m.models.Store(model, ms)
 	return ms
 }
 
