@@ -101,7 +101,9 @@ func TestBackendMetricsDeltas(t *testing.T) {
 		if present {
 			snap.Replicas = []controlapi.ReplicaSnapshot{{Tenant: "ns", ReplicaID: "vllm-0", PrefixCount: 2, T2QueryTokens: queries, T2HitTokens: hits}}
 		}
-		if err := r.writeBackends(ctx, snap); err != nil {
+		var out passOutcome
+		r.writeBackends(ctx, snap, &out)
+		if _, err := out.result(time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,8 +40,9 @@ import (
 //     becomes Conflicted or Invalid;
 //  4. returns RequeueAfter: Interval on success, so a restarted server with
 //     an empty store is back in sync within one interval; on a failed push
-//     it returns the error and the work queue retries with exponential
-//     backoff capped at Interval.
+//     or status write it returns the error and the work queue retries with
+//     exponential backoff capped at Interval; a status write that lost a
+//     resourceVersion race re-runs the pass shortly (passOutcome).
 //
 // The pass is level-based: it reads the whole state each time and keeps
 // nothing between passes, so a missed event costs at most one interval.
@@ -88,32 +88,23 @@ func (r *PolicyPropagator) Reconcile(ctx context.Context, _ reconcile.Request) (
 	wire, verdicts := ResolvePolicies(pols.Items)
 	tenants := ResolveTenants(tens.Items)
 	body := BuildBody(wire, tenants.Wire)
-	pushErr := r.Server.PushPolicy(ctx, body)
-	if pushErr == nil {
+	var out passOutcome
+	if err := r.Server.PushPolicy(ctx, body); err != nil {
+		out.fail(err)
+	} else {
 		log.V(1).Info("pushed policy snapshot", "policies", len(body.Policies), "tenants", len(body.Tenants))
 	}
 	// The verdicts do not depend on the push, so status is written either way.
-	conflicted, statusErr := r.writeStatuses(ctx, pols.Items, verdicts)
-	if pushErr != nil {
-		return reconcile.Result{}, pushErr
-	}
-	if statusErr != nil {
-		return reconcile.Result{}, statusErr
-	}
-	if conflicted {
-		return reconcile.Result{RequeueAfter: min(conflictRetry, r.Interval)}, nil
-	}
-	return reconcile.Result{RequeueAfter: r.Interval}, nil
+	r.writeStatuses(ctx, pols.Items, verdicts, &out)
+	return out.result(r.Interval)
 }
 
-// writeStatuses writes the changed statuses. An object deleted meanwhile is
-// skipped; one changed meanwhile (a conflict) is reported so the caller
-// re-runs the pass soon, without logging an error.
-func (r *PolicyPropagator) writeStatuses(ctx context.Context, items []v1alpha1.CachePolicy, verdicts map[types.NamespacedName]PolicyVerdict) (conflicted bool, _ error) {
-	var firstErr error
+// writeStatuses writes the statuses that changed and announces the new
+// Conflicted and Invalid verdicts.
+func (r *PolicyPropagator) writeStatuses(ctx context.Context, items []v1alpha1.CachePolicy, verdicts map[types.NamespacedName]PolicyVerdict, out *passOutcome) {
 	for i := range items {
 		cp := &items[i]
-		v := verdicts[types.NamespacedName{Namespace: cp.Namespace, Name: cp.Name}]
+		v := verdicts[client.ObjectKeyFromObject(cp)]
 		want := PolicyStatus(cp, cp.Status, v)
 		if equality.Semantic.DeepEqual(want, cp.Status) {
 			continue
@@ -121,20 +112,13 @@ func (r *PolicyPropagator) writeStatuses(ctx context.Context, items []v1alpha1.C
 		before := cp.DeepCopy()
 		cp.Status = want
 		// A full update with the read resourceVersion: a conflict (the object
-		// changed meanwhile) fails this pass, and the retry reads it again.
+		// changed meanwhile) re-runs the pass, which reads it again.
 		if err := r.Status.Status().Update(ctx, cp); err != nil {
-			switch {
-			case apierrors.IsNotFound(err):
-			case apierrors.IsConflict(err):
-				conflicted = true
-			case firstErr == nil:
-				firstErr = err
-			}
+			out.wrote(err)
 			continue
 		}
 		r.announce(cp, before, v)
 	}
-	return conflicted, firstErr
 }
 
 // announce emits a Warning Event when a policy newly becomes (or changes

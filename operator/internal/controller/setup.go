@@ -2,8 +2,9 @@
 //
 //   - PolicyPropagator: CachePolicy + CacheTenant -> the server's /policy,
 //     plus CachePolicy status (Accepted / Conflicted / Invalid);
-//   - SnapshotPoller: the server's /snapshot -> CacheIndex cluster-default
-//     and CacheTenant status.
+//   - SnapshotPoller: the server's /snapshot -> CacheIndex cluster-default,
+//     CacheTenant status, CacheBackend status.indexParticipation and the
+//     tier-2 metrics.
 //
 // Both are single-key controllers driven by watch events and a timer; see
 // their doc comments for the reconcile contract. The resolution rules live
@@ -38,6 +39,55 @@ const DefaultInterval = 30 * time.Second
 // conflictRetry is how soon a pass re-runs after a status write lost a
 // resourceVersion race.
 const conflictRetry = 500 * time.Millisecond
+
+// passOutcome collects what the writes and calls of one reconcile pass
+// returned and turns it into the pass's result, the same way for every
+// controller here:
+//
+//   - a status write on an object deleted meanwhile (NotFound) is skipped;
+//   - one on an object changed meanwhile (a resourceVersion conflict)
+//     re-runs the pass after conflictRetry, without reporting an error: the
+//     next pass reads the object again;
+//   - any other error fails the pass, and the work queue retries it with
+//     backoff (capped at the interval);
+//   - otherwise the pass runs again after the interval.
+//
+// A failure on one object or kind does not stop the pass from writing the
+// others.
+type passOutcome struct {
+	conflicted bool
+	errs       []error
+}
+
+// wrote records the result of one status write.
+func (o *passOutcome) wrote(err error) {
+	switch {
+	case err == nil, apierrors.IsNotFound(err):
+	case apierrors.IsConflict(err):
+		o.conflicted = true
+	default:
+		o.errs = append(o.errs, err)
+	}
+}
+
+// fail records an error that fails the pass; nil is ignored.
+func (o *passOutcome) fail(err error) {
+	if err != nil {
+		o.errs = append(o.errs, err)
+	}
+}
+
+// result is the pass's reconcile result for a controller that runs every
+// interval.
+func (o *passOutcome) result(interval time.Duration) (reconcile.Result, error) {
+	if err := errors.Join(o.errs...); err != nil {
+		return reconcile.Result{}, err
+	}
+	if o.conflicted {
+		return reconcile.Result{RequeueAfter: min(conflictRetry, interval)}, nil
+	}
+	return reconcile.Result{RequeueAfter: interval}, nil
+}
 
 // Options configures Setup.
 type Options struct {

@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"time"
@@ -28,7 +27,8 @@ import (
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
 // SnapshotPoller reads the routing server's /snapshot and projects it into
-// CacheIndex cluster-default and into every CacheTenant's status.
+// CacheIndex cluster-default, every CacheTenant's status and every
+// CacheBackend's status.indexParticipation.
 //
 // Reconcile contract. One work item (SnapshotKey), enqueued at start, on
 // every CacheTenant create/delete/spec change, and every Interval. One pass:
@@ -49,7 +49,11 @@ import (
 //     the tier-2 metrics (BackendMetrics). A backend whose namespace's pods
 //     could not be listed this pass is left untouched, status and series.
 //
-// A kind whose CRD is not installed is skipped without logging an error.
+// Steps 2 to 4 each go on when another fails, and the pass ends as
+// passOutcome describes: an error is retried with backoff, a lost
+// resourceVersion race re-runs the pass shortly, and otherwise the next pass
+// is one Interval away. A kind whose CRD is not installed is skipped without
+// logging an error.
 type SnapshotPoller struct {
 	// Index and Tenants read CacheIndex and CacheTenants (cached or live, see
 	// PolicyPropagator.Policies); Writer creates CacheIndex and writes status.
@@ -87,55 +91,17 @@ func (r *SnapshotPoller) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	// A failure on the CacheIndex or the backends does not hold back the
-	// CacheTenants.
-	idxErr := r.writeIndex(ctx, ProjectIndex(&snap, r.Server.BaseURL))
-	if kindMissing(idxErr) {
-		idxErr = nil
-	}
-	idxErr = errors.Join(idxErr, r.writeBackends(ctx, &snap))
-
-	var tens v1alpha1.CacheTenantList
-	if err := r.Tenants.List(ctx, &tens); err != nil {
-		if kindMissing(err) {
-			return reconcile.Result{RequeueAfter: r.Interval}, idxErr
-		}
-		return reconcile.Result{}, errors.Join(idxErr, err)
-	}
-	entries := make(map[string]int64, len(snap.Tenants))
-	for _, t := range snap.Tenants {
-		entries[t.TenantID] = t.IndexEntries
-	}
-	res := ResolveTenants(tens.Items)
-	firstErr, conflicted := idxErr, false
-	for i := range tens.Items {
-		t := &tens.Items[i]
-		want := TenantStatus(t, t.Status, res, entries[t.Spec.TenantID])
-		if equality.Semantic.DeepEqual(want, t.Status) {
-			continue
-		}
-		t.Status = want
-		// Deleted meanwhile: skip; changed meanwhile: re-run soon.
-		switch err := r.Writer.Status().Update(ctx, t); {
-		case err == nil, apierrors.IsNotFound(err):
-		case apierrors.IsConflict(err):
-			conflicted = true
-		case firstErr == nil:
-			firstErr = err
-		}
-	}
-	if firstErr != nil {
-		return reconcile.Result{}, firstErr
-	}
-	if conflicted {
-		return reconcile.Result{RequeueAfter: min(conflictRetry, r.Interval)}, nil
-	}
-	return reconcile.Result{RequeueAfter: r.Interval}, nil
+	var out passOutcome
+	r.writeIndex(ctx, ProjectIndex(&snap, r.Server.BaseURL), &out)
+	r.writeTenants(ctx, &snap, &out)
+	r.writeBackends(ctx, &snap, &out)
+	return out.result(r.Interval)
 }
 
-// writeIndex creates the singleton if needed and stores want as its status
-// when it differs from the stored one (ignoring lastUpdated).
-func (r *SnapshotPoller) writeIndex(ctx context.Context, want v1alpha1.CacheIndexStatus) error {
+// writeIndex is step 2 of Reconcile: it creates the singleton if needed and
+// stores want as its status when it differs from the stored one (ignoring
+// lastUpdated).
+func (r *SnapshotPoller) writeIndex(ctx context.Context, want v1alpha1.CacheIndexStatus, out *passOutcome) {
 	var ci v1alpha1.CacheIndex
 	err := r.Index.Get(ctx, types.NamespacedName{Name: v1alpha1.CacheIndexName}, &ci)
 	if apierrors.IsNotFound(err) {
@@ -143,21 +109,50 @@ func (r *SnapshotPoller) writeIndex(ctx context.Context, want v1alpha1.CacheInde
 		if err = r.Writer.Create(ctx, &ci); err == nil {
 			logf.FromContext(ctx).Info("created CacheIndex", "name", v1alpha1.CacheIndexName)
 		} else if apierrors.IsAlreadyExists(err) {
-			// Created concurrently (or the cache lags): fetch it live.
+			// Created concurrently, or the cache has not seen it yet: read it
+			// back (a pass whose cache still lags fails and is retried).
 			err = r.Writer.Get(ctx, types.NamespacedName{Name: v1alpha1.CacheIndexName}, &ci)
 		}
 	}
 	if err != nil {
-		return err
+		if !kindMissing(err) {
+			out.fail(err)
+		}
+		return
 	}
 	want.LastUpdated = ci.Status.LastUpdated
 	if equality.Semantic.DeepEqual(want, ci.Status) {
-		return nil
+		return
 	}
 	now := metav1.NewTime(r.now().UTC().Truncate(time.Second))
 	want.LastUpdated = &now
 	ci.Status = want
-	return r.Writer.Status().Update(ctx, &ci)
+	out.wrote(r.Writer.Status().Update(ctx, &ci))
+}
+
+// writeTenants is step 3 of Reconcile.
+func (r *SnapshotPoller) writeTenants(ctx context.Context, snap *controlapi.CacheSnapshot, out *passOutcome) {
+	var tens v1alpha1.CacheTenantList
+	if err := r.Tenants.List(ctx, &tens); err != nil {
+		if !kindMissing(err) {
+			out.fail(err)
+		}
+		return
+	}
+	entries := make(map[string]int64, len(snap.Tenants))
+	for _, t := range snap.Tenants {
+		entries[t.TenantID] = t.IndexEntries
+	}
+	res := ResolveTenants(tens.Items)
+	for i := range tens.Items {
+		t := &tens.Items[i]
+		want := TenantStatus(t, t.Status, res, entries[t.Spec.TenantID])
+		if equality.Semantic.DeepEqual(want, t.Status) {
+			continue
+		}
+		t.Status = want
+		out.wrote(r.Writer.Status().Update(ctx, t))
+	}
 }
 
 func (r *SnapshotPoller) now() time.Time {
@@ -168,18 +163,17 @@ func (r *SnapshotPoller) now() time.Time {
 }
 
 // writeBackends is step 4 of Reconcile.
-func (r *SnapshotPoller) writeBackends(ctx context.Context, snap *controlapi.CacheSnapshot) error {
+func (r *SnapshotPoller) writeBackends(ctx context.Context, snap *controlapi.CacheSnapshot, out *passOutcome) {
 	if r.Backends == nil || r.Pods == nil {
-		return nil
+		return
 	}
 	var backends v1alpha1.CacheBackendList
 	if err := r.Backends.List(ctx, &backends); err != nil {
-		if kindMissing(err) {
-			return nil
+		if !kindMissing(err) {
+			out.fail(err)
 		}
-		return err
+		return
 	}
-	var errs []error
 	pods := map[types.NamespacedName]PodMeta{}
 	tainted := map[string]bool{}
 	listed := map[string]bool{}
@@ -193,7 +187,7 @@ func (r *SnapshotPoller) writeBackends(ctx context.Context, snap *controlapi.Cac
 		pl.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
 		if err := r.Pods.List(ctx, &pl, client.InNamespace(ns)); err != nil {
 			tainted[ns] = true
-			errs = append(errs, fmt.Errorf("cannot list pods in %s to attribute replicas: %w", ns, err))
+			out.fail(fmt.Errorf("cannot list pods in %s to attribute replicas: %w", ns, err))
 			continue
 		}
 		maps.Copy(pods, podMetaOf(pl.Items))
@@ -212,9 +206,7 @@ func (r *SnapshotPoller) writeBackends(ctx context.Context, snap *controlapi.Cac
 		}
 		p, hits, queries := Participation(groups[key])
 		if !equality.Semantic.DeepEqual(b.Status.IndexParticipation, &p) {
-			if err := r.patchParticipation(ctx, b, &p); err != nil && !apierrors.IsNotFound(err) {
-				errs = append(errs, err)
-			}
+			out.wrote(r.patchParticipation(ctx, b, &p))
 		}
 		if r.Metrics == nil {
 			continue
@@ -236,7 +228,6 @@ func (r *SnapshotPoller) writeBackends(ctx context.Context, snap *controlapi.Cac
 			delete(r.lastQueries, key)
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // patchParticipation replaces status.indexParticipation with p through a
