@@ -442,21 +442,26 @@ func Compare(a, b *Report) []Delta {
 	return out
 }
 
-// WriteCompare writes Compare(a, b) as a Markdown table.
+// WriteCompare writes Compare(a, b) as a Markdown table: each figure's B/A
+// ratio with a verdict, "(better)" or "(worse)", for figures that have a
+// direction. A figure that is zero in A has no ratio ("—") but still gets
+// the verdict when B differs.
 func WriteCompare(w io.Writer, a, b *Report, nameA, nameB string) error {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "| figure | A: %s | B: %s | B/A |\n|---|---:|---:|---:|\n", nameA, nameB)
 	for _, d := range Compare(a, b) {
-		r := "—"
+		// From zero there is no ratio, but a figure that appears (errors
+		// where there were none) still gets its verdict.
+		r, up := "—", d.B > d.A
 		if !math.IsNaN(d.Ratio) {
-			r = fmt.Sprintf("%.3f", d.Ratio)
-			switch {
-			case d.Ratio == 1 || d.Better == 0:
-			case (d.Ratio > 1) == (d.Better > 0):
-				r += " (better)"
-			default:
-				r += " (worse)"
-			}
+			r, up = fmt.Sprintf("%.3f", d.Ratio), d.Ratio > 1
+		}
+		switch {
+		case d.A == d.B || d.Ratio == 1 || d.Better == 0:
+		case up == (d.Better > 0):
+			r += " (better)"
+		default:
+			r += " (worse)"
 		}
 		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", d.Name, fmtFig(d.A), fmtFig(d.B), r)
 	}

@@ -114,7 +114,9 @@ func TestCompare(t *testing.T) {
 		"| p99 µs | 3000.0 | 1500.0 | 0.500 (better) |",
 		"| p50 µs | 250.0 | 250.0 | 1.000 |",
 		"| AFFINITY_HINT share | 0.2000 | 0.0 | 0.000 |",
-		"| errors | 0.0 | 2.0 | — |",
+		// No ratio from zero, but a figure that appears is still judged.
+		"| errors | 0.0 | 2.0 | — (worse) |",
+		"| unfinished | 0.0 | 0.0 | — |",
 	} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("comparison lacks %q:\n%s", want, buf.String())
