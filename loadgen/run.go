@@ -297,39 +297,43 @@ func (r *runner) openLoop(ctx context.Context, end, drainBy time.Time) {
 	window := end.Sub(r.started)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	var i uint64
-	for ; ; i++ {
-		off := sched.Next()
-		if off >= window {
-			break
-		}
+	// dispatch sends request i at its intended time; false means ctx ended
+	// first and the request was not sent.
+	dispatch := func(i uint64, off time.Duration) bool {
 		due := r.started.Add(off)
 		if wait := time.Until(due) - timerSlack; wait > 0 {
 			timer.Reset(wait)
 			select {
 			case <-timer.C:
 			case <-ctx.Done():
+				return false
 			}
 		}
 		if ctx.Err() != nil {
-			break
+			return false
 		}
 		select {
 		case jobs <- job{i: i, intended: due, measured: off >= cfg.Warmup}:
-			continue
+			return true
 		case <-ctx.Done():
+			return false
 		}
-		break
+	}
+	var i uint64
+	for off := sched.Next(); off < window; off = sched.Next() {
+		if !dispatch(i, off) {
+			// Count this request and the rest of the window as never
+			// sent. The schedule is finite before the window closes, and
+			// cheap to walk.
+			r.unfinished.Add(1)
+			for off = sched.Next(); off < window; off = sched.Next() {
+				r.unfinished.Add(1)
+			}
+			break
+		}
+		i++
 	}
 	close(jobs)
-	// Count what the window scheduled and never dispatched. The schedule
-	// is finite before the window closes, and cheap to walk.
-	if ctx.Err() != nil {
-		for off := sched.Next(); off < window; off = sched.Next() {
-			r.unfinished.Add(1)
-		}
-		r.unfinished.Add(1) // the request the loop broke on
-	}
 	wg.Wait()
 }
 
