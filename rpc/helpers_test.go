@@ -84,7 +84,7 @@ func ctx(t testing.TB) context.Context {
 
 // recObserver records every ObserveLookup call.
 type recObserver struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // guards calls: appended by handler goroutines, read by the test
 	calls []observed
 }
 
@@ -116,7 +116,11 @@ func (o *recObserver) last() observed {
 // lookups, so tests can drive the TIMEOUT path and prove short-circuits.
 type slowIndex struct {
 	rpc.Index
-	delay   time.Duration
+	// delay is set by the test while no lookup is in flight; lookups
+	// read it under mu.
+	delay time.Duration
+	// mu guards lookups (written by handler goroutines, read by the test)
+	// and the handlers' reads of delay.
 	mu      sync.Mutex
 	lookups int
 }

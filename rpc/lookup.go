@@ -163,7 +163,7 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 
 	// 9. A result that arrives after the deadline is discarded (and
 	// credits nothing).
-	if ctx.Err() != nil || (!budgetEnd.IsZero() && s.now().After(budgetEnd)) {
+	if ctx.Err() != nil || (!budgetEnd.IsZero() && expired(budgetEnd, s.now())) {
 		return s.emptyResponse(model, ReasonTimeout, start, in.echo), nil
 	}
 

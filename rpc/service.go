@@ -119,6 +119,8 @@ type Config struct {
 var ErrInvalidConfig = errors.New("rpc: invalid config")
 
 // Service implements pb.InferenceCacheServer. It is safe for concurrent use.
+// NewService sets every field; afterwards only the pool, the semaphore and
+// the atomics change.
 type Service struct {
 	pb.UnimplementedInferenceCacheServer
 
@@ -139,10 +141,12 @@ type Service struct {
 	// gave up on it).
 	tokenizeSem chan struct{}
 
-	// promptFailOpen counts prompt_text lookups that failed open for want
-	// of a tokenizer or because it failed; lastPromptLog is the UnixNano of
-	// the last WARN about it (CAS-updated to rate-limit the log to one a
-	// minute).
+	// promptFailOpen counts prompt_text lookups that failed open before
+	// fingerprinting: no tokenizer, a text over MaxPromptTextBytes, every
+	// tokenize slot busy, or a tokenizer error, empty or oversized output.
+	// Handlers add to it; PromptTextFailOpens loads it. lastPromptLog is
+	// the UnixNano of the last WARN about it, CAS-updated by handlers to
+	// rate-limit the log to one a minute.
 	promptFailOpen atomic.Int64
 	lastPromptLog  atomic.Int64
 }
@@ -194,7 +198,8 @@ type nopObserver struct{}
 func (nopObserver) ObserveLookup(string, string, bool, time.Duration) {}
 
 // PromptTextFailOpens returns how many prompt_text lookups failed open
-// because no tokenizer is wired or it failed.
+// before fingerprinting (no tokenizer, oversized text, tokenizer busy or
+// failed).
 func (s *Service) PromptTextFailOpens() int64 { return s.promptFailOpen.Load() }
 
 // RenderTemplate is a stub: OK with empty bytes (contract §1).

@@ -143,7 +143,9 @@ var (
 	ErrTLSConfig     = errors.New("server: invalid TLS config")
 )
 
-// Server is one cache server. Create it with New and run it with Run.
+// Server is one cache server. Create it with New and run it with Run. Its
+// accessors are safe for concurrent use. Every field but ready, readyCh and
+// ran is set by New and only read afterwards.
 type Server struct {
 	cfg Config
 	log *slog.Logger
@@ -162,12 +164,14 @@ type Server struct {
 
 	grpcLis, httpLis, intLis net.Listener
 
-	// ready is true while the server serves (set after Run started the
-	// listeners, cleared when the drain begins); /readyz reads it.
+	// ready is true while the server serves: Run stores true once its
+	// listeners are serving and false when the drain begins; the /readyz
+	// handler loads it.
 	ready atomic.Bool
-	// readyCh is closed once, when the server first becomes ready.
+	// readyCh is closed by Run, once, when the server first becomes ready.
 	readyCh chan struct{}
-	// ran guards Run against a second call.
+	// ran is set by the first Run (CompareAndSwap), so a second Run fails
+	// and Close leaves the listeners to the running server.
 	ran atomic.Bool
 }
 
@@ -400,7 +404,7 @@ func (s *Server) listen() error {
 	return nil
 }
 
-// GRPCAddr, HTTPAddr and InternalAddr return the bound addresses.
+// GRPCAddr returns the gRPC listener's address (port 0 resolved).
 func (s *Server) GRPCAddr() net.Addr { return s.grpcLis.Addr() }
 
 // HTTPAddr returns the public HTTP listener's address.

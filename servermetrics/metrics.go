@@ -15,8 +15,9 @@
 //
 // ObserveLookup is on the LookupRoute hot path. It resolves its label
 // children once per (model, reason code) and caches them in a lock-free map,
-// so a steady-state call is one map load, a short scan and two atomic adds:
-// no allocation and no lock. A *Metrics is safe for concurrent use; the zero
+// so a steady-state call is one map load, a short scan of the model's
+// counters and the counter and histogram updates (atomics inside
+// client_golang): no allocation and no lock. A *Metrics is safe for concurrent use; the zero
 // value is not usable (call New).
 package servermetrics
 
