@@ -333,6 +333,17 @@ func (s *slowIndex) LookupRoute(req *engine.LookupRequest, now int64, res *engin
 	s.Index.LookupRoute(req, now, res)
 }
 
+// waitEntered waits at most 5 s for a lookup of model "slow" to reach the
+// index.
+func (s *slowIndex) waitEntered(t *testing.T) {
+	t.Helper()
+	select {
+	case <-s.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("call never reached the index")
+	}
+}
+
 // TestGracefulDrain: on cancel, /readyz turns 503 and server_up 0 while an
 // in-flight call is still running; the call then completes normally; Run
 // returns nil.
@@ -348,11 +359,7 @@ func TestGracefulDrain(t *testing.T) {
 		resp, err := s.cli.LookupRoute(tctx(t), &pb.LookupRouteRequest{TenantId: "t", ModelId: "slow", HashScheme: "vllm", PrefixHash: []byte("12345678")})
 		callErr, reason = err, resp.GetReasonCode()
 	})
-	select {
-	case <-slow.entered:
-	case <-time.After(5 * time.Second):
-		t.Fatal("call never reached the index")
-	}
+	slow.waitEntered(t)
 	s.Stop()
 	readyz := "http://" + s.HTTPAddr().String() + "/readyz"
 	waitFor(t, "/readyz 503", func() bool {
@@ -433,7 +440,7 @@ func TestStuckHandler(t *testing.T) {
 	cfg.WrapIndex = func(ix rpc.Index) rpc.Index { slow.Index = ix; return slow }
 	s := start(t, cfg)
 	go func() { _, _ = s.cli.LookupRoute(tctx(t), &pb.LookupRouteRequest{ModelId: "slow"}) }()
-	<-slow.entered
+	slow.waitEntered(t)
 	s.Stop()
 	select {
 	case <-s.Done():
@@ -467,7 +474,7 @@ func TestHealthDuringDrain(t *testing.T) {
 		t.Fatalf("before: %v %v", r, err)
 	}
 	go func() { _, _ = s.cli.LookupRoute(tctx(t), &pb.LookupRouteRequest{ModelId: "slow"}) }()
-	<-slow.entered
+	slow.waitEntered(t)
 	s.Stop()
 	waitFor(t, "NOT_SERVING", func() bool {
 		r, err := hc.Check(tctx(t), &healthpb.HealthCheckRequest{})
