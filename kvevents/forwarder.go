@@ -192,8 +192,9 @@ type refreshState struct {
 	buf     []Prefix  // chunk scratch
 }
 
-// NewForwarder returns a Forwarder delivering to sink. snap is read after a
-// clear-and-resync; it may be nil only if the caller never overflows (tests).
+// NewForwarder returns a Forwarder delivering to sink. snap is read by a
+// clear-and-resync and by the periodic refresh; nil (tests) makes a resync
+// re-report nothing and turns the refresh off.
 func NewForwarder(cfg ForwarderConfig, sink Sink, snap Snapshotter) *Forwarder {
 	cfg.setDefaults()
 	return &Forwarder{

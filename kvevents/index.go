@@ -151,9 +151,9 @@ func (x *Index) Clear() {
 	x.resetLocked()
 }
 
-// adapter resolves the LoRA partition of a BlockStored: lora_name when
-// present, else lora_id through the configured map (unmapped → !ok), else
-// the default partition "".
+// adapterLocked resolves the LoRA partition of a BlockStored: lora_name
+// when present, else lora_id through the configured map (unmapped → !ok),
+// else the default partition "". x.mu must be held (it interns names).
 func (x *Index) adapterLocked(ev *Event) (string, bool) {
 	if len(ev.LoRAName) > 0 {
 		if s, ok := x.names[string(ev.LoRAName)]; ok {

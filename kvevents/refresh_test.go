@@ -15,7 +15,9 @@ import (
 )
 
 // fakeClock is a forwarder clock the test advances by hand.
-type fakeClock struct{ us atomic.Int64 }
+type fakeClock struct {
+	us atomic.Int64 // the time in µs: the test advances it, the forwarder reads it
+}
 
 func newFakeClock() *fakeClock {
 	c := &fakeClock{}

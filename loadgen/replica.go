@@ -146,13 +146,13 @@ type cluster struct {
 	resyncs          atomic.Int64 // ALL_CLEARED + full re-report after lost evictions
 	resyncBlocks     atomic.Int64 // blocks re-reported by resyncs
 	clears           atomic.Int64 // ALL_CLEARED events acknowledged
-	clearErrors      atomic.Int64
+	clearErrors      atomic.Int64 // ALL_CLEARED calls that failed (restarts and resyncs)
 	routedHint       atomic.Int64 // lookups routed to the first score
 	routedFallback   atomic.Int64 // lookups routed by the fallback pick
 	hitBlocks        atomic.Int64 // modeled leading-run hits of routed lookups
-	routedBlocks     atomic.Int64
+	routedBlocks     atomic.Int64 // blocks of routed lookups
 	hintHitBlocks    atomic.Int64 // the same, for hint-routed lookups only
-	hintRoutedBlocks atomic.Int64
+	hintRoutedBlocks atomic.Int64 // blocks of hint-routed lookups
 }
 
 // failed counts err in counter and keeps it as the last error, unless ctx
@@ -318,8 +318,9 @@ func (r *replica) completeLocked(req *workload.Request, epoch uint64, buf *chain
 	return &pb.PrefixEntry{BlockHashes: hashes, BlockTokenCounts: counts, Tier: pb.CacheTier_CACHE_TIER_T1}
 }
 
-// stats returns the replica's stats: its modeled hit rate and its pressure
-// (prefills in flight over ReplicaSlots, capped at 1).
+// statsLocked returns the replica's stats: its modeled hit rate and its
+// pressure (prefills in flight over ReplicaSlots, capped at 1). r.mu must be
+// held.
 func (r *replica) statsLocked() *pb.ReplicaStats {
 	hit := float32(0)
 	if r.allBlocks > 0 {
@@ -487,8 +488,9 @@ func (r *replica) clear(ctx context.Context) {
 	}
 }
 
-// loop is the replica's goroutine: flush every FlushInterval until ctx
-// ends, then one last flush of what is due.
+// loop is the replica's goroutine: every FlushInterval it carries out a
+// requested clear, flushes the prefills due and resyncs a dirty replica,
+// until ctx ends. Prefills still queued then are never reported.
 func (r *replica) loop(ctx context.Context) {
 	t := time.NewTicker(r.c.cfg.FlushInterval)
 	defer t.Stop()

@@ -224,7 +224,8 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	stopProg()
 	prog.Wait()
 
-	// Let due prefills report, then stop the replicas and close the streams.
+	// Stop the replicas (they flushed what fell due while the lookups
+	// drained) and the eviction senders, then close the streams.
 	stopBg()
 	bg.Wait()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
@@ -350,7 +351,7 @@ func (r *runner) openWorker(ctx context.Context, rec *recorder, jobs <-chan job,
 
 // closedLoop runs Concurrency workers back to back until end.
 func (r *runner) closedLoop(ctx context.Context, end time.Time) {
-	var next atomic.Uint64
+	var next atomic.Uint64 // the stream index the next lookup takes; shared by the workers
 	measureFrom := r.started.Add(r.cfg.Warmup)
 	var wg sync.WaitGroup
 	for w := range r.recs {
