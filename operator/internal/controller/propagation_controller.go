@@ -17,8 +17,11 @@ import (
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 )
 
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachepolicies;cachetenants,verbs=get;list;watch
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachepolicies/status,verbs=get;update;patch
+// RBAC: only the verbs the code calls (TestConfigRBACLeastPrivilege pins
+// them): informers list and watch, status is written with Update, Events
+// are created and patched (series).
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachepolicies;cachetenants,verbs=list;watch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachepolicies/status,verbs=update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // PolicyPropagator pushes the cluster's CachePolicies and CacheTenants to the

@@ -20,11 +20,15 @@ import (
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 )
 
+// RBAC: CacheIndex is read with Get (a live read when its CRD was installed
+// after start-up) and created; CacheIndex and CacheTenant status are written
+// with Update, CacheBackend status with a merge Patch; CacheBackends and pod
+// metadata are read through informers.
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cacheindices,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cacheindices/status;cachetenants/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cacheindices/status;cachetenants/status,verbs=update
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=list;watch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
 
 // SnapshotPoller reads the routing server's /snapshot and projects it into
 // CacheIndex cluster-default, every CacheTenant's status and every

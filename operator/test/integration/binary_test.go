@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/inferencecache/controlserver/auth"
 )
 
 // freePort returns a port on 127.0.0.1 that was free a moment ago.
@@ -38,12 +40,13 @@ func freePort(t *testing.T) string {
 	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
 }
 
-// kubeconfig writes cfg (envtest's admin client certificate) as a kubeconfig.
-func kubeconfig(t *testing.T) string {
+// kubeconfig writes cfg (envtest's admin client certificate) as a kubeconfig
+// that acts as the user as (impersonation; "" acts as admin).
+func kubeconfig(t *testing.T, as string) string {
 	t.Helper()
 	c := clientcmdapi.NewConfig()
 	c.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	c.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	c.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Impersonate: as}
 	c.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
 	c.CurrentContext = "envtest"
 	path := filepath.Join(t.TempDir(), "kubeconfig")
@@ -55,10 +58,12 @@ func kubeconfig(t *testing.T) string {
 
 // TestControllerBinary builds cmd/controller and runs it as the Deployment
 // does (leader election, self-signed webhook certificate, probes, metrics),
-// against the envtest apiserver and the test server, then stops it with
-// SIGTERM.
+// as the controller's ServiceAccount with exactly the RBAC of
+// operator/config/rbac, against the envtest apiserver and the test server,
+// then stops it with SIGTERM. No request may be forbidden.
 func TestControllerBinary(t *testing.T) {
 	ctx := needEnv(t)
+	applyRBAC(t, ctx)
 	_, self, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
 	bin := filepath.Join(t.TempDir(), "controller")
@@ -68,13 +73,13 @@ func TestControllerBinary(t *testing.T) {
 		t.Fatalf("go build ./cmd/controller: %v\n%s", err, out)
 	}
 
-	// A webhook configuration of its own, matching nothing, to receive the
-	// caBundle.
+	// A webhook configuration matching nothing, to receive the caBundle. It
+	// and the certificate Secret carry the names the RBAC grants access to.
 	none := admissionv1.SideEffectClassNone
 	ignore := admissionv1.Ignore
 	path := "/unused"
 	vwc := &admissionv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: "binary-test-webhook"},
+		ObjectMeta: metav1.ObjectMeta{Name: "inferencecache-validating-webhook"},
 		Webhooks: []admissionv1.ValidatingWebhook{{
 			Name:                    "binary-test.inferencecache.io",
 			ClientConfig:            admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Namespace: controllerNS, Name: "binary-test-webhook", Path: &path}},
@@ -98,13 +103,13 @@ func TestControllerBinary(t *testing.T) {
 		"--leader-elect", "--leader-election-id=binary-test.inferencecache.io",
 		"--enable-webhooks", "--webhook-host=127.0.0.1", "--webhook-port="+webhookPort,
 		"--webhook-cert-dir="+t.TempDir(),
-		"--webhook-secret-name=binary-test-webhook-cert",
+		"--webhook-secret-name=inferencecache-webhook-cert",
 		"--webhook-service-name=binary-test-webhook",
-		"--webhook-config-name=binary-test-webhook",
+		"--webhook-config-name=inferencecache-validating-webhook",
 	)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig(t), "POD_NAMESPACE="+controllerNS)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig(t, auth.ServiceAccountPrefix+controllerNS+":"+controllerSA), "POD_NAMESPACE="+controllerNS)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +147,7 @@ func TestControllerBinary(t *testing.T) {
 	// The self-signed CA is stored, set as caBundle, and signs what the
 	// webhook port serves for the Service's DNS name.
 	var sec corev1.Secret
-	wantOK(t, "certificate secret", k8s.Get(ctx, client.ObjectKey{Namespace: controllerNS, Name: "binary-test-webhook-cert"}, &sec))
+	wantOK(t, "certificate secret", k8s.Get(ctx, client.ObjectKey{Namespace: controllerNS, Name: "inferencecache-webhook-cert"}, &sec))
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), &sec) })
 	wantOK(t, "get webhook configuration", k8s.Get(ctx, client.ObjectKeyFromObject(vwc), vwc))
 	if ca := vwc.Webhooks[0].ClientConfig.CABundle; len(ca) == 0 || !bytes.Equal(ca, sec.Data["ca.crt"]) {
@@ -170,7 +175,10 @@ func TestControllerBinary(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for _, want := range []string{`controller_runtime_reconcile_total{controller="policy-propagation",result="success"}`, `controller="cache-snapshot"`} {
+		for _, want := range []string{
+			`controller_runtime_reconcile_total{controller="policy-propagation",result="success"}`,
+			`controller_runtime_reconcile_total{controller="cache-snapshot",result="success"}`,
+		} {
 			if !strings.Contains(body, want) {
 				return fmt.Errorf("metrics lack %s", want)
 			}
@@ -190,5 +198,9 @@ func TestControllerBinary(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("controller did not stop within 30s of SIGTERM")
+	}
+	// Every call was allowed by the shipped RBAC.
+	if out := logs.String(); strings.Contains(out, "forbidden") {
+		t.Fatalf("a request of the controller was forbidden by its RBAC:\n%s", out)
 	}
 }

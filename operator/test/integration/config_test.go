@@ -161,3 +161,84 @@ func TestConfigSamplesApplyThroughWebhooks(t *testing.T) {
 	}
 	dryRunApply(t, ctx, objs)
 }
+
+// TestConfigRBACLeastPrivilege pins what the controller's ServiceAccount may
+// do to what the code calls; TestControllerBinary runs the binary under
+// exactly these grants. A new API call needs a new row here and a marker
+// (or hand-written rule) in operator/config/rbac.
+func TestConfigRBACLeastPrivilege(t *testing.T) {
+	objs := render(t, "../../config/default")
+	const sa = "inferencecache-controller"
+	bound := map[string]bool{} // kind/name of the roles bound to the controller
+	for _, u := range objs {
+		if k := u.GetKind(); k != "ClusterRoleBinding" && k != "RoleBinding" {
+			continue
+		}
+		subjects, _, _ := unstructured.NestedSlice(u.Object, "subjects")
+		for _, s := range subjects {
+			if s.(map[string]any)["name"] == sa {
+				ref, _, _ := unstructured.NestedStringMap(u.Object, "roleRef")
+				bound[ref["kind"]+"/"+ref["name"]] = true
+			}
+		}
+	}
+	got := map[string][]string{} // "group resource[names]" -> verbs
+	for _, u := range objs {
+		if !bound[u.GetKind()+"/"+u.GetName()] {
+			continue
+		}
+		rules, _, _ := unstructured.NestedSlice(u.Object, "rules")
+		for _, r := range rules {
+			r := r.(map[string]any)
+			strs := func(k string) []string {
+				v, _, _ := unstructured.NestedStringSlice(r, k)
+				return v
+			}
+			for _, g := range strs("apiGroups") {
+				for _, res := range strs("resources") {
+					key := fmt.Sprintf("%s %s%v", u.GetKind(), strings.TrimPrefix(g+"/"+res, "/"), strs("resourceNames"))
+					got[key] = append(got[key], strs("verbs")...)
+				}
+			}
+		}
+	}
+	want := map[string][]string{
+		// PolicyPropagator: informers (list, watch), Accepted condition, Warning Events.
+		"ClusterRole inferencecache.io/cachepolicies[]":        {"list", "watch"},
+		"ClusterRole inferencecache.io/cachetenants[]":         {"list", "watch"},
+		"ClusterRole inferencecache.io/cachepolicies/status[]": {"update"},
+		"ClusterRole events.k8s.io/events[]":                   {"create", "patch"},
+		// SnapshotPoller: the CacheIndex singleton (get through a live
+		// reader when its CRD was installed after start-up), status of
+		// CacheIndex and CacheTenant (updates) and of CacheBackend (merge
+		// patch of indexParticipation), pod metadata for attribution.
+		"ClusterRole inferencecache.io/cacheindices[]":         {"create", "get", "list", "watch"},
+		"ClusterRole inferencecache.io/cacheindices/status[]":  {"update"},
+		"ClusterRole inferencecache.io/cachetenants/status[]":  {"update"},
+		"ClusterRole inferencecache.io/cachebackends[]":        {"list", "watch"},
+		"ClusterRole inferencecache.io/cachebackends/status[]": {"patch"},
+		"ClusterRole pods[]": {"list", "watch"},
+		// Leader election: the Lease (client-go LeaseLock: get, create,
+		// update) and its core/v1 Events.
+		"Role coordination.k8s.io/leases[]": {"create", "get", "update"},
+		"Role events[]":                     {"create", "patch"},
+		// Self-signed webhook certificate and caBundle.
+		"Role secrets[inferencecache-webhook-cert]": {"get", "update"},
+		"Role secrets[]": {"create"},
+		"ClusterRole admissionregistration.k8s.io/validatingwebhookconfigurations[inferencecache-validating-webhook]": {"get", "update"},
+	}
+	for k, v := range got {
+		slices.Sort(v)
+		got[k] = slices.Compact(v)
+	}
+	for k, v := range want {
+		if !slices.Equal(got[k], v) {
+			t.Errorf("%s: verbs %v, want %v", k, got[k], v)
+		}
+	}
+	for k, v := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("unexpected grant %s: %v", k, v)
+		}
+	}
+}
