@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -9,11 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
-
-	dto "github.com/prometheus/client_model/go"
 
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/server"
@@ -66,50 +61,6 @@ func httpDo(t *testing.T, method, url, body string, hdr map[string]string) (int,
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
-}
-
-// scrape fetches /metrics and parses it with the Prometheus text parser.
-func scrape(t *testing.T, s *server.Server) map[string]*dto.MetricFamily {
-	t.Helper()
-	code, body := httpDo(t, http.MethodGet, "http://"+s.HTTPAddr().String()+"/metrics", "", nil)
-	if code != http.StatusOK {
-		t.Fatalf("/metrics: %d", code)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader([]byte(body)))
-	if err != nil {
-		t.Fatalf("cannot parse /metrics: %v", err)
-	}
-	return fams
-}
-
-// sample returns the value of the series of family name whose labels are
-// exactly lbls ("k=v,..." sorted by name); ok is false when absent.
-func sample(fams map[string]*dto.MetricFamily, name, lbls string) (float64, bool) {
-	f := fams[name]
-	if f == nil {
-		return 0, false
-	}
-	for _, m := range f.GetMetric() {
-		var parts []string
-		for _, l := range m.GetLabel() {
-			parts = append(parts, l.GetName()+"="+l.GetValue())
-		}
-		if strings.Join(parts, ",") != lbls {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			return m.GetCounter().GetValue(), true
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue(), true
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount()), true
-		case m.Untyped != nil:
-			return m.GetUntyped().GetValue(), true
-		}
-	}
-	return 0, false
 }
 
 // waitFor polls cond every 5 ms for at most 5 s.

@@ -28,6 +28,7 @@ import (
 	"github.com/inferencecache/inferencecache/rpc"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/server/servertest"
 	"github.com/inferencecache/inferencecache/servermetrics"
 )
 
@@ -116,7 +117,7 @@ func TestServerEndToEnd(t *testing.T) {
 		}
 	}
 
-	fams := scrape(t, s.Server)
+	fams := servertest.Scrape(t, s.Server)
 	for _, c := range []struct {
 		name, labels string
 		want         float64
@@ -134,7 +135,7 @@ func TestServerEndToEnd(t *testing.T) {
 		{servermetrics.NameIndexEntries, "model=llama", 32},
 		{servermetrics.NameIndexEntries, "model=qwen", 1},
 	} {
-		if got, ok := sample(fams, c.name, c.labels); !ok || got != c.want {
+		if got, ok := servertest.Value(fams, c.name, c.labels); !ok || got != c.want {
 			t.Errorf("%s{%s} = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
@@ -175,7 +176,7 @@ func TestServerEndToEnd(t *testing.T) {
 			t.Fatalf("probe replica in /snapshot: %+v", r)
 		}
 	}
-	if got, _ := sample(scrape(t, s.Server), servermetrics.NameIndexEntries, "model=llama"); got != 32 {
+	if got, _ := servertest.Value(servertest.Scrape(t, s.Server), servermetrics.NameIndexEntries, "model=llama"); got != 32 {
 		t.Fatalf("index_entries{llama} = %v after the probe, want 32", got)
 	}
 	st, err := s.cli.GetCacheState(tctx(t), &pb.GetCacheStateRequest{TenantId: "team", ModelId: "llama"})
@@ -272,7 +273,7 @@ func TestControlAuth(t *testing.T) {
 			t.Fatalf("%s %s %v: %d %s, want %d", c.method, c.path, c.hdr, code, msg, c.want)
 		}
 	}
-	fams := scrape(t, s.Server)
+	fams := servertest.Scrape(t, s.Server)
 	for _, c := range []struct {
 		name, labels string
 		want         float64
@@ -284,7 +285,7 @@ func TestControlAuth(t *testing.T) {
 		{servermetrics.NameProbeAuth, "result=error", 1},
 		{servermetrics.NameProbeAuth, "result=ok", 1},
 	} {
-		if got, ok := sample(fams, c.name, c.labels); !ok || got != c.want {
+		if got, ok := servertest.Value(fams, c.name, c.labels); !ok || got != c.want {
 			t.Errorf("%s{%s} = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
@@ -366,7 +367,7 @@ func TestGracefulDrain(t *testing.T) {
 		code, _ := httpDo(t, http.MethodGet, readyz, "", nil)
 		return code == http.StatusServiceUnavailable
 	})
-	if up, _ := sample(scrape(t, s.Server), servermetrics.NameServerUp, ""); up != 0 {
+	if up, _ := servertest.Value(servertest.Scrape(t, s.Server), servermetrics.NameServerUp, ""); up != 0 {
 		t.Fatalf("server_up = %v while draining", up)
 	}
 	// New calls are refused while the old one finishes.

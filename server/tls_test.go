@@ -23,6 +23,7 @@ import (
 	"github.com/inferencecache/inferencecache/rpc"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/server/servertest"
 	"github.com/inferencecache/inferencecache/servermetrics"
 )
 
@@ -120,7 +121,7 @@ func TestTLSServing(t *testing.T) {
 	if _, err := pb.NewInferenceCacheClient(plain).LookupRoute(tctx(t), &pb.LookupRouteRequest{}); err == nil {
 		t.Fatal("a plaintext client got through a TLS listener")
 	}
-	if v, _ := sample(scrape(t, s.Server), servermetrics.NameGRPCTLSEnabled, ""); v != 1 {
+	if v, _ := servertest.Value(servertest.Scrape(t, s.Server), servermetrics.NameGRPCTLSEnabled, ""); v != 1 {
 		t.Fatalf("grpc_tls_enabled = %v, want 1", v)
 	}
 }

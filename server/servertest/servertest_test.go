@@ -10,6 +10,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/server"
 	"github.com/inferencecache/inferencecache/server/servertest"
+	"github.com/inferencecache/inferencecache/servermetrics"
 )
 
 // TestStart: the server serves on loopback, with auth off and the mutation
@@ -31,6 +32,13 @@ func TestStart(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("/snapshot without auth: %d", resp.StatusCode)
+	}
+	fams := servertest.Scrape(t, srv)
+	if up, ok := servertest.Value(fams, servermetrics.NameServerUp, ""); !ok || up != 1 {
+		t.Fatalf("server_up = %v (present %v), want 1", up, ok)
+	}
+	if _, ok := servertest.Value(fams, servermetrics.NameServerUp, "model=x"); ok {
+		t.Fatal("Value matched a series by the wrong labels")
 	}
 	hc, err := healthpb.NewHealthClient(servertest.Conn(t, srv)).Check(t.Context(), &healthpb.HealthCheckRequest{Service: server.ServiceName})
 	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
