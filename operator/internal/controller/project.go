@@ -9,7 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
@@ -89,7 +89,7 @@ func TenantStatus(t *v1alpha1.CacheTenant, cur v1alpha1.CacheTenantStatus, res T
 	st.ObservedGeneration = t.Generation
 	st.IndexEntries = ptr(entries)
 	id := t.Spec.TenantID
-	self := types.NamespacedName{Namespace: t.Namespace, Name: t.Name}
+	self := client.ObjectKeyFromObject(t)
 	set := func(typ string, status metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
 			Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: t.Generation,

@@ -6,8 +6,10 @@ import (
 	"slices"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/inferencecache/operator/internal/validation"
@@ -42,14 +44,12 @@ func ResolvePolicies(items []v1alpha1.CachePolicy) ([]policy.ResolvedPolicy, map
 	for i := range items {
 		sorted[i] = &items[i]
 	}
-	slices.SortFunc(sorted, func(a, b *v1alpha1.CachePolicy) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
+	slices.SortFunc(sorted, func(a, b *v1alpha1.CachePolicy) int { return compareNamespacedName(a, b) })
 	verdicts := make(map[types.NamespacedName]PolicyVerdict, len(items))
 	var wire []policy.ResolvedPolicy
 	winners := map[string]types.NamespacedName{}
 	for _, cp := range sorted {
-		key := types.NamespacedName{Namespace: cp.Namespace, Name: cp.Name}
+		key := client.ObjectKeyFromObject(cp)
 		if errs := validation.CachePolicySpec(&cp.Spec, field.NewPath("spec")); len(errs) > 0 {
 			verdicts[key] = PolicyVerdict{Reason: v1alpha1.ReasonInvalid, Errors: errs}
 			continue
@@ -153,7 +153,7 @@ func ResolveTenants(items []v1alpha1.CacheTenant) TenantResolution {
 			}
 			return 1
 		}
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+		return compareNamespacedName(a, b)
 	})
 	res := TenantResolution{Owner: make(map[string]types.NamespacedName, len(items))}
 	for _, t := range sorted {
@@ -161,7 +161,7 @@ func ResolveTenants(items []v1alpha1.CacheTenant) TenantResolution {
 		if _, taken := res.Owner[id]; taken || id == "" {
 			continue
 		}
-		res.Owner[id] = types.NamespacedName{Namespace: t.Namespace, Name: t.Name}
+		res.Owner[id] = client.ObjectKeyFromObject(t)
 		if hasQuota(t) && id != policy.ReservedTenantID {
 			res.Wire = append(res.Wire, policy.ResolvedTenant{
 				TenantID:        id,
@@ -180,6 +180,13 @@ func BuildBody(policies []policy.ResolvedPolicy, tenants []policy.ResolvedTenant
 		policies = []policy.ResolvedPolicy{}
 	}
 	return &policy.Body{Version: policy.PropagationVersion, Policies: policies, Tenants: tenants}
+}
+
+// compareNamespacedName orders objects by (namespace, name), the order in
+// which the first CachePolicy of a namespace and the first CacheTenant of a
+// tenant id win.
+func compareNamespacedName(a, b metav1.Object) int {
+	return cmp.Or(cmp.Compare(a.GetNamespace(), b.GetNamespace()), cmp.Compare(a.GetName(), b.GetName()))
 }
 
 func ptr[T any](v T) *T { return &v }

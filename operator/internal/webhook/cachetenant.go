@@ -33,37 +33,32 @@ var tenantIDPath = field.NewPath("spec", "tenantID")
 
 // ValidateCreate implements admission.Validator.
 func (v *CacheTenantValidator) ValidateCreate(ctx context.Context, obj *v1alpha1.CacheTenant) (admission.Warnings, error) {
+	return nil, v.validate(ctx, obj)
+}
+
+// ValidateUpdate implements admission.Validator. Both rules look only at
+// spec.tenantID, so an update that keeps it is admitted without a list.
+func (v *CacheTenantValidator) ValidateUpdate(ctx context.Context, oldObj, newObj *v1alpha1.CacheTenant) (admission.Warnings, error) {
+	if newObj.Spec.TenantID == oldObj.Spec.TenantID {
+		return nil, nil
+	}
+	return nil, v.validate(ctx, newObj)
+}
+
+// validate applies both rules to obj's tenantID.
+func (v *CacheTenantValidator) validate(ctx context.Context, obj *v1alpha1.CacheTenant) error {
 	var errs field.ErrorList
 	if e := validation.TenantID(obj.Spec.TenantID, tenantIDPath); e != nil {
 		errs = append(errs, e)
 	}
 	dup, err := v.duplicate(ctx, obj)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if dup != nil {
 		errs = append(errs, dup)
 	}
-	return nil, invalid("CacheTenant", obj.Name, errs)
-}
-
-// ValidateUpdate implements admission.Validator.
-func (v *CacheTenantValidator) ValidateUpdate(ctx context.Context, oldObj, newObj *v1alpha1.CacheTenant) (admission.Warnings, error) {
-	if newObj.Spec.TenantID == oldObj.Spec.TenantID {
-		return nil, nil // nothing the rules look at changed
-	}
-	var errs field.ErrorList
-	if e := validation.TenantID(newObj.Spec.TenantID, tenantIDPath); e != nil {
-		errs = append(errs, e)
-	}
-	dup, err := v.duplicate(ctx, newObj)
-	if err != nil {
-		return nil, err
-	}
-	if dup != nil {
-		errs = append(errs, dup)
-	}
-	return nil, invalid("CacheTenant", newObj.Name, errs)
+	return invalid("CacheTenant", obj.Name, errs)
 }
 
 // ValidateDelete implements admission.Validator; deletes are always allowed.
