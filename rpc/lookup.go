@@ -448,9 +448,7 @@ func appendAffinitySeed(dst []byte, in *lookupInput) []byte {
 // POLICY_REQUIRES_CHAIN, input fail-open, the minimum-prefix short-circuit):
 // no scores and no adapter echo.
 func (s *Service) emptyResponse(model, reason string, start time.Time, echo []uint32) *pb.LookupRouteResponse {
-	elapsed := s.now().Sub(start)
-	s.observer.ObserveLookup(model, reason, false, elapsed)
-	return &pb.LookupRouteResponse{ReasonCode: reason, LookupLatencyUs: elapsed.Microseconds(), TokenIds: echo}
+	return s.finish(&pb.LookupRouteResponse{ReasonCode: reason, TokenIds: echo}, model, start)
 }
 
 // indexedResponse answers after the index was consulted: ranked scores (if
@@ -473,21 +471,26 @@ func (s *Service) indexedResponse(req *pb.LookupRouteRequest, model, reason stri
 		}
 		resp.ReplicaScores = ptrs
 	}
-	elapsed := s.now().Sub(start)
-	resp.LookupLatencyUs = elapsed.Microseconds()
-	s.observer.ObserveLookup(model, reason, len(scores) > 0, elapsed)
-	return resp
+	return s.finish(resp, model, start)
 }
 
 // affinityResponse is AFFINITY_HINT: one replica, every score field zero.
 func (s *Service) affinityResponse(req *pb.LookupRouteRequest, model, replica string, start time.Time, echo []uint32) *pb.LookupRouteResponse {
+	return s.finish(&pb.LookupRouteResponse{
+		ReasonCode:    ReasonAffinityHint,
+		ReplicaScores: []*pb.ReplicaScore{{ReplicaId: replica}},
+		TokenIds:      echo,
+		AdapterId:     req.GetAdapterId(),
+	}, model, start)
+}
+
+// finish stamps resp with the handler's latency and records the call. Every
+// answer but the reserved tenant's goes through it exactly once, so the
+// observer sees each call once, with hint_used true exactly when
+// replica_scores is non-empty.
+func (s *Service) finish(resp *pb.LookupRouteResponse, model string, start time.Time) *pb.LookupRouteResponse {
 	elapsed := s.now().Sub(start)
-	s.observer.ObserveLookup(model, ReasonAffinityHint, true, elapsed)
-	return &pb.LookupRouteResponse{
-		ReasonCode:      ReasonAffinityHint,
-		ReplicaScores:   []*pb.ReplicaScore{{ReplicaId: replica}},
-		LookupLatencyUs: elapsed.Microseconds(),
-		TokenIds:        echo,
-		AdapterId:       req.GetAdapterId(),
-	}
+	resp.LookupLatencyUs = elapsed.Microseconds()
+	s.observer.ObserveLookup(model, resp.ReasonCode, len(resp.ReplicaScores) > 0, elapsed)
+	return resp
 }
