@@ -33,9 +33,11 @@ func leastLoaded(v *View) int {
 }
 
 // DefaultPolicies returns the policies compared by Run, in report order:
-// this project's LookupRoute (EnginePolicy), then the baselines random, round-robin, least-loaded, longest-prefix, Dynamo's cost
-// function and SGLang's cache-aware policy (with its own approximate tree,
-// then with the event-fed index), with their documented defaults.
+// this project's LookupRoute (EnginePolicy) and its no-refresh and
+// affinity-off variants, then the baselines random, round-robin,
+// least-loaded, longest-prefix, Dynamo's cost function and SGLang's
+// cache-aware policy (with its own approximate tree, then with the
+// event-fed index), each with its documented defaults.
 func DefaultPolicies() []Policy {
 	return []Policy{
 		EnginePolicy(),

@@ -117,10 +117,11 @@ type Result struct {
 	Policy string
 	Hits
 	// ImbalanceMean and ImbalanceMax summarize, over every window in
-	// which any prefill started, max/mean of the prefill tokens each
-	// replica started in that window (1 = perfectly even, Replicas = all
-	// on one replica). Windows are aligned to time 0; windows that start
-	// after the last arrival (the queues' drain) are left out.
+	// which some prefill work (uncached prompt tokens) started, max/mean
+	// of the prefill tokens each replica started in that window (1 =
+	// perfectly even, Replicas = all on one replica). Windows are aligned
+	// to time 0; windows that start after the last arrival (the queues'
+	// drain) are left out.
 	ImbalanceMean float64
 	ImbalanceMax  float64
 	// TTFTP50 and TTFTP99 are nearest-rank percentiles of queue wait plus

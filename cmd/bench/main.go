@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -77,7 +78,7 @@ func run(args []string, stdout io.Writer) error {
 			return fmt.Errorf("-workload trace needs -trace")
 		}
 		cfg.Requests, err = workload.LoadTrace(*trace, *blockSize, *limit)
-		cfg.Workload = "trace " + baseName(*trace)
+		cfg.Workload = "trace " + filepath.Base(*trace)
 	case "chat":
 		c := workload.DefaultChat()
 		c.Seed = cfg.Seed
@@ -113,11 +114,4 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	return rep.WriteMarkdown(stdout, "")
-}
-
-func baseName(path string) string {
-	if i := strings.LastIndexByte(path, '/'); i >= 0 {
-		return path[i+1:]
-	}
-	return path
 }
