@@ -398,7 +398,6 @@ const resyncBatch = 4096
 // waits for it, then re-reports every cached block as a one-block chain
 // entry with its cumulative token count.
 func (r *replica) resync(ctx context.Context) {
-	cfg := r.c.cfg
 	r.mu.Lock()
 	r.dirty.Store(false)
 	keys, tokens := r.cache.appendAll(nil, nil)
@@ -413,14 +412,7 @@ func (r *replica) resync(ctx context.Context) {
 		}
 	}
 	r.lastResync = time.Now()
-	cctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
-	_, err := r.c.client.PublishEvent(cctx, &pb.CacheEvent{
-		Type: pb.CacheEvent_ALL_CLEARED, ReplicaId: r.id, ModelId: cfg.ModelID, TenantId: cfg.TenantID,
-		TimestampUs: time.Now().UnixMicro(),
-	})
-	cancel()
-	if err != nil {
-		r.c.failed(ctx, &r.c.clearErrors, err)
+	if !r.publishClear(ctx) {
 		r.dirty.Store(true) // try again next interval
 		return
 	}
@@ -474,6 +466,15 @@ func (r *replica) clear(ctx context.Context) {
 	r.mu.Lock()
 	r.cache.reset()
 	r.mu.Unlock()
+	if r.publishClear(ctx) {
+		r.c.clears.Add(1)
+	}
+}
+
+// publishClear publishes ALL_CLEARED for the replica and waits for it; a
+// failure is counted in clearErrors. It reports whether the server
+// acknowledged it.
+func (r *replica) publishClear(ctx context.Context) bool {
 	cfg := r.c.cfg
 	cctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
 	defer cancel()
@@ -481,11 +482,11 @@ func (r *replica) clear(ctx context.Context) {
 		Type: pb.CacheEvent_ALL_CLEARED, ReplicaId: r.id, ModelId: cfg.ModelID, TenantId: cfg.TenantID,
 		TimestampUs: time.Now().UnixMicro(),
 	})
-	if err == nil {
-		r.c.clears.Add(1)
-	} else {
+	if err != nil {
 		r.c.failed(ctx, &r.c.clearErrors, err)
+		return false
 	}
+	return true
 }
 
 // loop is the replica's goroutine: every FlushInterval it carries out a
