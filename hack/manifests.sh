@@ -40,10 +40,15 @@ else
 fi
 gofmt -w "$deepcopy"
 
-# CRDs: one file per kind, named <group>_<plural>.yaml. Stale files of kinds
-# that no longer exist are removed first.
+# CRDs: one file per kind, named <group>_<plural>.yaml. They are generated
+# into a scratch folder first, so a marker error leaves the committed files
+# in place; then the folder's contents replace crd/bases (which drops the
+# files of kinds that no longer exist).
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cg crd:crdVersions=v1 paths=./operator/api/... output:crd:artifacts:config="$tmp"
 rm -f "$cfg"/crd/bases/*.yaml
-cg crd:crdVersions=v1 paths=./operator/api/... output:crd:artifacts:config="$cfg/crd/bases"
+cp "$tmp"/*.yaml "$cfg/crd/bases/"
 
 # The controller's ClusterRole, from the +kubebuilder:rbac markers.
 cg rbac:roleName=inferencecache-controller paths=./operator/internal/controller/... \
