@@ -348,8 +348,9 @@ func (d *Decoder) events(b *Batch) error {
 	return nil
 }
 
-// Positional fields of the tag-first array layout, after the tag. Later
-// engine versions append fields; earlier ones stop sooner.
+// Positional fields of BlockStored in the tag-first array layout, after
+// the tag. Later engine versions append fields; earlier ones stop sooner.
+// eventField decodes a field by this position, whatever the layout.
 const (
 	posStoredHashes = iota
 	posStoredParent
@@ -361,11 +362,9 @@ const (
 	numStoredKnown
 )
 
-const (
-	posRemovedHashes = iota
-	posRemovedMedium
-	numRemovedKnown
-)
+// removedFields are BlockRemoved's positional fields in the array layout,
+// as eventField positions: ["BlockRemoved", block_hashes, medium, ...].
+var removedFields = [...]int{posStoredHashes, posStoredMedium}
 
 func (d *Decoder) arrayEvent(b *Batch, ev *Event) error {
 	n, err := d.arrayLen()
@@ -388,27 +387,29 @@ func (d *Decoder) arrayEvent(b *Batch, ev *Event) error {
 			return &DecodeError{Reason: ReasonEvent, Err: errMissingField}
 		}
 		for i := range min(fields, numStoredKnown) {
-			if err := d.storedField(b, ev, i); err != nil {
+			if err := d.eventField(b, ev, i); err != nil {
 				return err
 			}
 		}
 		return d.skipN(fields - numStoredKnown)
 	case KindBlockRemoved:
-		if fields < posRemovedHashes+1 {
+		if fields < 1 { // block_hashes
 			return &DecodeError{Reason: ReasonEvent, Err: errMissingField}
 		}
-		for i := range min(fields, numRemovedKnown) {
-			if err := d.removedField(b, ev, i); err != nil {
+		for _, pos := range removedFields[:min(fields, len(removedFields))] {
+			if err := d.eventField(b, ev, pos); err != nil {
 				return err
 			}
 		}
-		return d.skipN(fields - numRemovedKnown)
+		return d.skipN(fields - len(removedFields))
 	default:
 		return d.skipN(fields)
 	}
 }
 
-func (d *Decoder) storedField(b *Batch, ev *Event, i int) error {
+// eventField decodes the field at BlockStored position i (posStored*)
+// into ev; BlockRemoved's fields are a subset of those.
+func (d *Decoder) eventField(b *Batch, ev *Event, i int) error {
 	var err error
 	switch i {
 	case posStoredHashes:
@@ -449,20 +450,6 @@ func (d *Decoder) storedField(b *Batch, ev *Event, i int) error {
 	return nil
 }
 
-func (d *Decoder) removedField(b *Batch, ev *Event, i int) error {
-	var err error
-	switch i {
-	case posRemovedHashes:
-		ev.BlockHashes, err = d.hashes(b)
-	case posRemovedMedium:
-		ev.Medium, err = d.optStr(b)
-	}
-	if err != nil {
-		return decErr(ReasonFieldType, err)
-	}
-	return nil
-}
-
 // mapEvent decodes the map layout ({"type": "BlockStored", ...}). Keys may
 // come in any order. Before the tag is known every known field is decoded;
 // once it is known (msgspec writes it first) only the fields of that kind
@@ -493,7 +480,7 @@ func (d *Decoder) mapEvent(b *Batch, ev *Event) error {
 			}
 			continue
 		}
-		if err := d.storedField(b, ev, field); err != nil {
+		if err := d.eventField(b, ev, field); err != nil {
 			return err
 		}
 		haveHashes = haveHashes || field == posStoredHashes
@@ -518,7 +505,7 @@ func (d *Decoder) mapEvent(b *Batch, ev *Event) error {
 	return nil
 }
 
-// mapField returns the storedField position a map-layout key names, or -1
+// mapField returns the eventField position a map-layout key names, or -1
 // for a key this decoder does not read.
 func mapField(key []byte) int {
 	switch string(key) {
@@ -540,14 +527,14 @@ func mapField(key []byte) int {
 	return -1
 }
 
-// hasField reports whether events of kind k carry the map-layout field at
-// storedField position field.
+// hasField reports whether events of kind k carry the field at eventField
+// position field.
 func (k EventKind) hasField(field int) bool {
 	switch k {
 	case KindBlockStored:
 		return true
 	case KindBlockRemoved:
-		return field == posStoredHashes || field == posStoredMedium
+		return slices.Contains(removedFields[:], field)
 	}
 	return false
 }
