@@ -54,6 +54,8 @@ func (m *BackendMetrics) delete(backend string) {
 var (
 	// processMetrics is registered with the controller-runtime registry the
 	// first time Setup wires a SnapshotPoller; the registry is per process.
+	// processMetricsOnce guards that: processMetrics and processMetricsErr
+	// are written only inside its Do and read only after it returned.
 	processMetrics     *BackendMetrics
 	processMetricsOnce sync.Once
 	processMetricsErr  error

@@ -28,9 +28,12 @@ func TestServerClientRereadsToken(t *testing.T) {
 	if err := os.WriteFile(tokPath, []byte("one\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var lastAuth atomic.Value
+	// lastAuth is the Authorization header of the latest request, stored by
+	// the handler goroutine and read by the test.
+	var lastAuth atomic.Pointer[string]
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lastAuth.Store(r.Header.Get("Authorization"))
+		h := r.Header.Get("Authorization")
+		lastAuth.Store(&h)
 		switch r.URL.Path {
 		case "/policy":
 			if _, err := policy.Decode(r.Body); err != nil {
@@ -49,7 +52,7 @@ func TestServerClientRereadsToken(t *testing.T) {
 	if err := c.PushPolicy(ctx, BuildBody(nil, nil)); err != nil {
 		t.Fatal(err)
 	}
-	if got := lastAuth.Load(); got != "Bearer one" {
+	if got := *lastAuth.Load(); got != "Bearer one" {
 		t.Fatalf("Authorization %q", got)
 	}
 	// The kubelet rotates the projected token: the next request uses the new one.
@@ -60,7 +63,7 @@ func TestServerClientRereadsToken(t *testing.T) {
 	if err != nil || len(snap.Tenants) != 1 || snap.Tenants[0].IndexEntries != 3 {
 		t.Fatalf("snapshot %+v, %v", snap, err)
 	}
-	if got := lastAuth.Load(); got != "Bearer two" {
+	if got := *lastAuth.Load(); got != "Bearer two" {
 		t.Fatalf("Authorization %q after rotation", got)
 	}
 	if err := os.WriteFile(tokPath, nil, 0o600); err != nil {

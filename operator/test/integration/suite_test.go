@@ -317,11 +317,14 @@ type testServer struct {
 	addr     string // fixed after the first start; restarts reuse it
 	reviewer auth.Reviewer
 
-	// store is the live policy store; restart swaps in a fresh one.
+	// store is the live policy store; restart swaps in a fresh one. The
+	// handler reads it per request, tests read it to check what was applied.
 	store atomic.Pointer[policy.Store]
-	// snap is served on /snapshot.
+	// snap is served on /snapshot; tests store a new one to change what the
+	// poller sees.
 	snap atomic.Pointer[controlapi.CacheSnapshot]
-	// pushes counts /policy requests answered 204.
+	// pushes counts /policy requests answered 204 (written by the handler,
+	// read by tests).
 	pushes atomic.Int64
 	// policyAuth counts the auth outcomes of /policy.
 	policyAuth authCounter
@@ -330,7 +333,8 @@ type testServer struct {
 	http *http.Server // the running server; nil when stopped
 }
 
-// authCounter is an auth.Recorder.
+// authCounter is an auth.Recorder: the middleware adds to one counter per
+// request, from the server's handler goroutines; tests read them.
 type authCounter struct{ ok, unauth, other atomic.Int64 }
 
 func (c *authCounter) Record(result string) {
