@@ -97,7 +97,7 @@ func TenantStatus(t *v1alpha1.CacheTenant, cur v1alpha1.CacheTenantStatus, res T
 	}
 	if owner, ok := res.Owner[id]; ok && owner != self {
 		set(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDuplicateTenantID, fmt.Sprintf(
-			"CacheTenant %s owns tenant id %q (the first by namespace/name among CacheTenants with a quota); this one is not enforced: give it another tenantID or delete it",
+			"CacheTenant %s owns tenant id %q (CacheTenants with a quota come first, then the first by namespace/name wins); this one is not enforced: give it another tenantID or delete it",
 			nsName(owner), id))
 		set(v1alpha1.ConditionQuotaExceeded, metav1.ConditionFalse, v1alpha1.ReasonNotEffective, fmt.Sprintf(
 			"the quota of %s applies to tenant id %q, not this one", nsName(owner), id))
