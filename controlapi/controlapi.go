@@ -31,8 +31,10 @@ type ReplicaSnapshot struct {
 	// PrefixCount is the number of keys the replica holds.
 	PrefixCount int64 `json:"prefixCount"`
 	// LastEventAt is the newest lastSeen of the replica's entries; the zero
-	// time means none and is omitted.
-	LastEventAt   time.Time `json:"lastEventAt,omitzero"`
+	// time means none. The key is always present (encoding/json's omitempty
+	// never omits a time.Time), as the seed system serialized it, so a
+	// replica without entries carries "0001-01-01T00:00:00Z".
+	LastEventAt   time.Time `json:"lastEventAt,omitempty"`
 	StatsReported bool      `json:"statsReported,omitempty"`
 	T2HitTokens   int64     `json:"t2HitTokens,omitempty"`
 	T2QueryTokens int64     `json:"t2QueryTokens,omitempty"`

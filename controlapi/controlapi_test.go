@@ -1,0 +1,50 @@
+package controlapi
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSnapshotJSONKeys pins the /snapshot JSON shape of contract §4.2: key
+// names, omitempty rules, and the always-present memoryUsed and lastEventAt.
+func TestSnapshotJSONKeys(t *testing.T) {
+	s := CacheSnapshot{
+		Replicas: []ReplicaSnapshot{{ReplicaID: "r", LastUpdate: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}},
+		Tenants:  []TenantSnapshot{{TenantID: "t", IndexEntries: 3}},
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"replicas":[{"replicaId":"r","cacheMemoryBytes":0,"hitRate":0,"pressure":0,"lastUpdate":"2026-01-02T03:04:05Z","prefixCount":0,"lastEventAt":"0001-01-01T00:00:00Z"}],` +
+		`"tenants":[{"tenantId":"t","indexEntries":3,"hitRate":0,"memoryUsed":0}],"totalPrefixes":0,"hotPrefixes":0}`
+	if string(b) != want {
+		t.Fatalf("got  %s\nwant %s", b, want)
+	}
+	full := ReplicaSnapshot{ReplicaID: "r", Tenant: "t", StatsReported: true, T2HitTokens: 1, T2QueryTokens: 2}
+	b, _ = json.Marshal(full)
+	for _, k := range []string{`"tenant":"t"`, `"statsReported":true`, `"t2HitTokens":1`, `"t2QueryTokens":2`} {
+		if !strings.Contains(string(b), k) {
+			t.Fatalf("%s missing from %s", k, b)
+		}
+	}
+	var back CacheSnapshot
+	if err := json.Unmarshal([]byte(want), &back); err != nil || !back.Replicas[0].LastEventAt.IsZero() {
+		t.Fatalf("round trip: %v %+v", err, back)
+	}
+}
+
+func TestProbeJSONKeys(t *testing.T) {
+	b, _ := json.Marshal(ProbeResponse{Backend: "ns/b", Ingest: StageOK, Routing: StageFailed, T2: StageSkipped,
+		Errors: []ProbeError{{Stage: StageRouting, Message: "x"}}})
+	want := `{"backend":"ns/b","ingest":"ok","routing":"failed","t2":"skipped","errors":[{"stage":"routing","message":"x"}]}`
+	if string(b) != want {
+		t.Fatalf("got %s", b)
+	}
+	b, _ = json.Marshal(ProbeRequest{Backend: "b", Model: "m", HashScheme: "vllm"})
+	if string(b) != `{"backend":"b","model":"m","hashScheme":"vllm"}` {
+		t.Fatalf("got %s", b)
+	}
+}
