@@ -69,7 +69,10 @@ func (e *Engine) LookupRoute(req *LookupRequest, now int64, res *LookupResult) {
 	if chain && len(req.BlockHashes) != len(req.BlockTokenCounts) {
 		return
 	}
-	pt := e.policies.Load().Tenant(req.TenantID)
+	pt := req.Policy
+	if pt == nil {
+		pt = e.policies.Load().Tenant(req.TenantID)
+	}
 	ttl := pt.TTL.Microseconds()
 	d := e.lookupDomain(req.TenantID, req.ModelID)
 	var sch *scheme

@@ -166,6 +166,10 @@ type LookupRequest struct {
 	BlockTokenCounts                         []int32
 	// SLOTTFTMs is the caller's TTFT budget; 0 means none.
 	SLOTTFTMs int32
+	// Policy, when set, is the tenant's resolved policy the caller already
+	// read, so the lookup and the caller's gates use one snapshot; nil
+	// means the engine reads the current one.
+	Policy *policy.Tenant
 }
 
 // Strategy is which path produced a lookup result.

@@ -157,6 +157,7 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 		BlockHashes:      in.hashes,
 		BlockTokenCounts: in.counts,
 		SLOTTFTMs:        req.GetSlo().GetTtftMs(),
+		Policy:           pt,
 	}
 	res := &sc.res
 	s.index.LookupRoute(&sc.req, start.UnixMicro(), res)
