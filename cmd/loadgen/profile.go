@@ -170,9 +170,6 @@ func ab(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-rounds %d out of [1, 100]", *rounds)
 	}
 	sf.apply(&cfg, stderr)
-	if sf.quiet {
-		cfg.Progress = nil
-	}
 	type pair struct{ a, b *loadgen.Report }
 	results := make([]pair, *rounds)
 	for r := range results {
