@@ -200,6 +200,7 @@ func New(cfg Config) (*Server, error) {
 		Policies:   s.policies,
 		Metrics:    s.metrics,
 	})
+	s.metrics.RegisterIndex(s.engine.Memory)
 	var idx rpc.Index = s.engine
 	if cfg.WrapIndex != nil {
 		idx = cfg.WrapIndex(idx)
