@@ -3,6 +3,9 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -241,4 +244,118 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 			t.Errorf("unexpected grant %s: %v", k, v)
 		}
 	}
+}
+
+// TestConfigServerWiring checks the routing server's manifests against the
+// server binary and against each other: every flag the Deployment passes is
+// one `cmd/server -h` lists, the container ports are the server's default
+// listeners, and the NetworkPolicy admits :8081 only from the controller's
+// pods while leaving :9090 and :8080 open.
+func TestConfigServerWiring(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/server; skipped with -short")
+	}
+	objs := render(t, "../../config/default")
+	_, self, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
+	bin := filepath.Join(t.TempDir(), "server")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/server")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/server: %v\n%s", err, out)
+	}
+	help, _ := exec.Command(bin, "-h").CombinedOutput() // -h exits non-zero on some flag packages
+	flags := map[string]string{}                        // name -> its usage lines
+	var name string
+	for _, line := range strings.Split(string(help), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(line, "  -") {
+			name = strings.TrimPrefix(f[0], "-")
+		}
+		if name != "" {
+			flags[name] += line + "\n"
+		}
+	}
+	if len(flags) == 0 {
+		t.Fatalf("no flags in cmd/server -h:\n%s", help)
+	}
+
+	server := find(objs, "Deployment", "inferencecache-server")
+	containers, _, _ := unstructured.NestedSlice(server.Object, "spec", "template", "spec", "containers")
+	c := containers[0].(map[string]any)
+	args, _, _ := unstructured.NestedStringSlice(c, "args")
+	for _, a := range args {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if _, ok := flags[name]; !ok || !strings.HasPrefix(a, "--") {
+			t.Errorf("server Deployment passes %q, which cmd/server -h does not list", a)
+		}
+	}
+	ports := map[string]int64{}
+	cports, _, _ := unstructured.NestedSlice(c, "ports")
+	for _, p := range cports {
+		p := p.(map[string]any)
+		ports[p["name"].(string)] = asInt(p["containerPort"])
+	}
+	for name, flag := range map[string]string{"grpc": "grpc-bind-address", "http": "http-bind-address", "internal": "snapshot-bind-address"} {
+		if want := fmt.Sprintf(`(default ":%d")`, ports[name]); !strings.Contains(flags[flag], want) {
+			t.Errorf("container port %s=%d is not the default of --%s: %q", name, ports[name], flag, flags[flag])
+		}
+	}
+
+	podLabels := func(name string) map[string]string {
+		d := find(objs, "Deployment", name)
+		l, _, _ := unstructured.NestedStringMap(d.Object, "spec", "template", "metadata", "labels")
+		return l
+	}
+	selects := func(sel, labels map[string]string) bool {
+		for k, v := range sel {
+			if labels[k] != v {
+				return false
+			}
+		}
+		return len(sel) > 0
+	}
+	np := find(objs, "NetworkPolicy", "inferencecache-server")
+	sel, _, _ := unstructured.NestedStringMap(np.Object, "spec", "podSelector", "matchLabels")
+	if !selects(sel, podLabels("inferencecache-server")) || selects(sel, podLabels("inferencecache-controller")) {
+		t.Fatalf("NetworkPolicy podSelector %v does not select exactly the server pods", sel)
+	}
+	// open[port] is true when any source may reach it; from[port] lists the
+	// pod selectors allowed otherwise.
+	open, from := map[int64]bool{}, map[int64][]map[string]string{}
+	rules, _, _ := unstructured.NestedSlice(np.Object, "spec", "ingress")
+	for _, r := range rules {
+		r := r.(map[string]any)
+		peers, _, _ := unstructured.NestedSlice(r, "from")
+		rports, _, _ := unstructured.NestedSlice(r, "ports")
+		for _, p := range rports {
+			port := asInt(p.(map[string]any)["port"])
+			if len(peers) == 0 {
+				open[port] = true
+			}
+			for _, peer := range peers {
+				ps, _, _ := unstructured.NestedStringMap(peer.(map[string]any), "podSelector", "matchLabels")
+				if _, hasNS := peer.(map[string]any)["namespaceSelector"]; hasNS || len(ps) == 0 {
+					t.Errorf("ingress peer %v is broader than a pod selector in the server's namespace", peer)
+				}
+				from[port] = append(from[port], ps)
+			}
+		}
+	}
+	if !open[ports["grpc"]] || !open[ports["http"]] {
+		t.Errorf("gRPC and public HTTP must stay open: %v", open)
+	}
+	if open[ports["internal"]] || len(from[ports["internal"]]) != 1 || !selects(from[ports["internal"]][0], podLabels("inferencecache-controller")) {
+		t.Errorf("internal :%d must admit only the controller pods: open %v, from %v", ports["internal"], open[ports["internal"]], from[ports["internal"]])
+	}
+}
+
+// asInt reads a number of a rendered object (JSON numbers decode as float64).
+func asInt(v any) int64 {
+	switch n := v.(type) {
+	case int64:
+		return n
+	case float64:
+		return int64(n)
+	}
+	return -1
 }
