@@ -359,3 +359,47 @@ func asInt(v any) int64 {
 	}
 	return -1
 }
+
+// TestConfigControllerTokens follows each token flag of the controller
+// Deployment to the projected volume mounted there: the file must be that
+// volume's ServiceAccount token, bound to the audience the server checks on
+// the endpoint the flag serves (contract §4.1).
+func TestConfigControllerTokens(t *testing.T) {
+	ctl := find(render(t, "../../config/default"), "Deployment", "inferencecache-controller")
+	spec, _, _ := unstructured.NestedMap(ctl.Object, "spec", "template", "spec")
+	c := spec["containers"].([]any)[0].(map[string]any)
+	args, _, _ := unstructured.NestedStringSlice(c, "args")
+	mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+	vols, _, _ := unstructured.NestedSlice(spec, "volumes")
+	for flag, aud := range map[string]string{"--policy-token-path": policyAud, "--controller-token-path": controllerAud} {
+		var path string
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, flag+"="); ok {
+				path = v
+			}
+		}
+		var volume string
+		for _, m := range mounts {
+			m := m.(map[string]any)
+			if m["mountPath"] == filepath.Dir(path) {
+				volume = m["name"].(string)
+			}
+		}
+		var got []string
+		for _, v := range vols {
+			v := v.(map[string]any)
+			if v["name"] != volume {
+				continue
+			}
+			sources, _, _ := unstructured.NestedSlice(v, "projected", "sources")
+			for _, s := range sources {
+				a, _, _ := unstructured.NestedString(s.(map[string]any), "serviceAccountToken", "audience")
+				p, _, _ := unstructured.NestedString(s.(map[string]any), "serviceAccountToken", "path")
+				got = append(got, a+" "+p)
+			}
+		}
+		if want := aud + " " + filepath.Base(path); len(got) != 1 || got[0] != want {
+			t.Errorf("%s=%s: volume %q projects %v, want the token %q", flag, path, volume, got, want)
+		}
+	}
+}
