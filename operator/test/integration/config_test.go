@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -258,14 +259,17 @@ func TestConfigServerWiring(t *testing.T) {
 	objs := render(t, "../../config/default")
 	_, self, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	bin := filepath.Join(t.TempDir(), "server")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/server")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/server")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/server: %v\n%s", err, out)
 	}
-	help, _ := exec.Command(bin, "-h").CombinedOutput() // -h exits non-zero on some flag packages
-	flags := map[string]string{}                        // name -> its usage lines
+	// The exit status of -h does not matter, only the usage it prints.
+	help, _ := exec.CommandContext(ctx, bin, "-h").CombinedOutput()
+	flags := map[string]string{} // flag name -> its usage lines
 	var name string
 	for _, line := range strings.Split(string(help), "\n") {
 		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(line, "  -") {
