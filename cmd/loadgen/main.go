@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		cpuProfile            string
 	)
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write the load generator's own CPU profile to this file")
-	fs.BoolVar(&useTLS, "tls", false, "dial with TLS")
+	fs.BoolVar(&useTLS, "tls", false, "dial with TLS (implied by any other -tls-* flag)")
 	fs.StringVar(&tlsCA, "tls-ca", "", "PEM CA bundle to verify the server (default: system roots)")
 	fs.StringVar(&tlsServerName, "tls-server-name", "", "server name to verify (default: the address's host)")
 	fs.BoolVar(&tlsSkipVerify, "tls-insecure-skip-verify", false, "do not verify the server certificate (testing only)")
@@ -76,7 +76,8 @@ run flags:
 		return err
 	}
 	sf.apply(&cfg, stderr)
-	if useTLS {
+	// A TLS option without -tls would otherwise be silently ignored.
+	if useTLS || tlsCA != "" || tlsServerName != "" || tlsSkipVerify {
 		tc, err := tlsConfig(tlsCA, tlsServerName, tlsSkipVerify)
 		if err != nil {
 			return err
