@@ -234,6 +234,35 @@ func TestSubscriberGapRepairedByReplay(t *testing.T) {
 	}
 }
 
+// TestSubscriberReplayCoveredThenStalled: a replay that delivered every
+// missing batch but never sent its end marker (so it timed out) repaired
+// the gap; the replica keeps its state.
+func TestSubscriberReplayCoveredThenStalled(t *testing.T) {
+	w := fakeengine.NewSynthetic(fakeengine.SyntheticConfig{Sessions: 4, CapacityBlocks: 48, Seed: 3})
+	f := startZMQWith(t, fakeengine.Config{Encoding: fakeengine.Encoding{Layout: fakeengine.LayoutMap}, ReplayNoEnd: true}, true,
+		func(c *Config) { c.ReplayTimeout = 300 * time.Millisecond })
+	publishN(t, f.pub, w, 20)
+	f.pub.Drop(5)
+	last := publishN(t, f.pub, w, 30)
+	f.waitApplied(t, last+1)
+	m := f.sub.metrics
+	if counter(t, m.replays.WithLabelValues(ReplayOK)) != 1 {
+		t.Fatalf("replay outcome not ok: ok=%v timeout=%v", counter(t, m.replays.WithLabelValues(ReplayOK)), counter(t, m.replays.WithLabelValues(ReplayTimeout)))
+	}
+	if got, want := f.sub.Index().Len(), w.CachedBlocks(); got != want {
+		t.Fatalf("index holds %d blocks, the engine %d", got, want)
+	}
+	clears := 0
+	for _, e := range f.sink.events {
+		if e.Type == icv1.CacheEvent_ALL_CLEARED {
+			clears++
+		}
+	}
+	if clears != 1 {
+		t.Fatalf("%d ALL_CLEARED, want only the startup one", clears)
+	}
+}
+
 func TestSubscriberReorderedMessagesRepaired(t *testing.T) {
 	// Every 7th message arrives after the next one: the early arrival opens
 	// a gap that replay fills; the late one is then a duplicate.

@@ -43,6 +43,9 @@ type Config struct {
 	DropEvery int
 	// DropProb withholds each message with this probability.
 	DropProb float64
+	// ReplayNoEnd omits the end marker (seq -1) of replay answers, as a
+	// replay endpoint that stalls after sending what it has.
+	ReplayNoEnd bool
 	// ReorderEvery > 0 holds every ReorderEvery-th message back and sends
 	// it after the next one.
 	ReorderEvery int
@@ -279,7 +282,9 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 				break
 			}
 		}
-		_ = p.router.SendMulti(zmq4.NewMsgFrom(id, nil, endSeq, nil))
+		if !p.cfg.ReplayNoEnd {
+			_ = p.router.SendMulti(zmq4.NewMsgFrom(id, nil, endSeq, nil))
+		}
 	}
 }
 
