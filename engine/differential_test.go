@@ -321,13 +321,13 @@ func compareLookup(t *testing.T, op int, req *LookupRequest, got *LookupResult, 
 	for i, s := range got.Scores {
 		w := want.scores[i]
 		if s.ReplicaID != w.replica || s.MatchedTokens != w.matched || s.Tier != w.tier ||
-			!close(float64(s.Score), w.score) || !close(float64(s.Prob), w.prob) {
+			!approxEqual(float64(s.Score), w.score) || !approxEqual(float64(s.Prob), w.prob) {
 			t.Fatalf("op %d: score %d: got %+v, want %+v (all got %+v want %+v)", op, i, s, w, got.Scores, want.scores)
 		}
 	}
 }
 
-func close(a, b float64) bool {
+func approxEqual(a, b float64) bool {
 	return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b))
 }
 
