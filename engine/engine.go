@@ -174,6 +174,7 @@ type statsRecord struct {
 type scheme struct {
 	name  string
 	index int
+	d     *domain
 	// scopes lists one scope per adapter; copy-on-write under mu.
 	scopes atomic.Pointer[[]*scope]
 	// serving is the immutable set of replicas holding at least one key in

@@ -60,7 +60,7 @@ func (e *Engine) schemeLocked(d *domain, name string) *scheme {
 	if p := d.schemes.Load(); p != nil {
 		list = *p
 	}
-	s := &scheme{name: name, index: len(list)}
+	s := &scheme{name: name, index: len(list), d: d}
 	s.serving.Store(&servingSet{})
 	next := append(slices.Clip(list), s)
 	d.schemes.Store(&next)
@@ -145,7 +145,7 @@ func (e *Engine) setServingLocked(s *scheme, r *replica, serving bool) {
 		ns.ids = append(ns.ids, r.id)
 		slices.Sort(ns.ids)
 	}
-	slots := s.scopesDomain().replicaSlots()
+	slots := s.d.replicaSlots()
 	for _, id := range ns.ids {
 		name := r.name
 		if id != r.id {
@@ -155,14 +155,6 @@ func (e *Engine) setServingLocked(s *scheme, r *replica, serving bool) {
 	}
 	slices.Sort(ns.names)
 	s.serving.Store(ns)
-}
-
-// scopesDomain returns the domain a scheme belongs to.
-func (s *scheme) scopesDomain() *domain {
-	if p := s.scopes.Load(); p != nil && len(*p) > 0 {
-		return (*p)[0].d
-	}
-	panic("BUG: scheme without scopes")
 }
 
 // countKeyLocked adjusts the distinct-key counters for a node created
