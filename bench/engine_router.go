@@ -17,20 +17,28 @@ import (
 // EnginePolicyName is the report name of this project's router.
 const EnginePolicyName = "inferencecache"
 
-// statsInterval is how often the adapter reports replica stats, as the
-// kvevent subscriber scrapes engine metrics every 10 s.
-const statsInterval = 10 * time.Second
+// DefaultStatsInterval and DefaultStatsLag describe how the kvevent
+// subscriber feeds load to the server: it scrapes its engine's metrics
+// every second (kvevents.DefaultStatsInterval) and the report reaches the
+// server about one event lag later.
+const (
+	DefaultStatsInterval = time.Second
+	DefaultStatsLag      = 50 * time.Millisecond
+)
 
 // EnginePolicy routes with this project's LookupRoute: the production gRPC
 // handler (rpc.Service, called in process) over a real engine with the
 // contract's default policy (no CachePolicy: 64-token matched floor, 0.1
-// routing floor, affinity on). KV events reach the engine the way the
-// kvevent subscriber delivers them (one legacy prefix entry per block with
-// its cumulative token count; removals as PREFIX_EVICTED; clears as
-// ALL_CLEARED), and replica stats with pressure = in-flight/256 every 10 s
-// of simulated time. The gateway side takes the first ranked replica
-// (PREFIX_MATCH, TENANT_HOT or AFFINITY_HINT) and falls back to least loaded
-// on NO_HINT.
+// routing floor, affinity on) and the server's default load-aware routing.
+// KV events reach the engine the way the kvevent subscriber delivers them
+// (one legacy prefix entry per block with its cumulative token count;
+// removals as PREFIX_EVICTED; clears as ALL_CLEARED). Load reaches it the
+// way the subscriber and the server see it: a stats report per replica
+// every StatsInterval (waiting and running requests, queued prefill
+// tokens, and pressure = in flight/256), sampled exactly and delivered
+// StatsLag later; between reports the server counts what it routed itself.
+// The gateway side takes the first ranked replica (PREFIX_MATCH,
+// TENANT_HOT or AFFINITY_HINT) and falls back to least loaded on NO_HINT.
 func EnginePolicy() Policy {
 	return EnginePolicyWith(EnginePolicyName, EngineOptions{Refresh: DefaultRefresh})
 }
@@ -49,13 +57,40 @@ type EngineOptions struct {
 	// Policy, when set, is pushed as the CachePolicy of the simulated
 	// tenant (namespace "bench"); nil keeps the contract's defaults.
 	Policy *policy.ResolvedPolicy
+	// ContractOnly turns load-aware routing off (--load-aware-routing=false):
+	// every answer is the contract's ranking.
+	ContractOnly bool
+	// Load overrides the server's load-aware routing knobs; nil keeps
+	// engine.DefaultLoadConfig.
+	Load *engine.LoadConfig
+	// StatsInterval and StatsLag override DefaultStatsInterval and
+	// DefaultStatsLag when positive (StatsLag < 0 means no lag).
+	StatsInterval, StatsLag time.Duration
+	// CountsOnly reports waiting and running requests without queued
+	// prefill tokens, as a scrape of vLLM's metrics does; the server then
+	// prices waiting requests by the mean size of what it routed.
+	CountsOnly bool
 }
 
 // EnginePolicyWith is EnginePolicy under another name with options.
 func EnginePolicyWith(name string, opt EngineOptions) Policy {
 	return Policy{Name: name, New: func(n int, _ uint64) Router {
-		r := newEngineRouter(n)
-		r.name, r.refresh = name, opt.Refresh
+		load := engine.DefaultLoadConfig()
+		if opt.Load != nil {
+			load = *opt.Load
+		}
+		load.Enabled = !opt.ContractOnly
+		r := newEngineRouter(n, load)
+		r.name, r.refresh, r.countsOnly = name, opt.Refresh, opt.CountsOnly
+		r.statsEvery, r.statsLag = DefaultStatsInterval, DefaultStatsLag
+		if opt.StatsInterval > 0 {
+			r.statsEvery = opt.StatsInterval
+		}
+		if opt.StatsLag > 0 {
+			r.statsLag = opt.StatsLag
+		} else if opt.StatsLag < 0 {
+			r.statsLag = 0
+		}
 		if opt.Policy != nil {
 			p := *opt.Policy
 			p.Namespace = engineTenant
@@ -85,9 +120,12 @@ type engineRouter struct {
 	names       []string
 	byID        map[string]int
 	// now is the simulated clock the engine and service read.
-	now       time.Duration
-	lastStats time.Duration
-	statsSent bool
+	now time.Duration
+	// Load reports: sampled every statsEvery, delivered statsLag later
+	// (pending, in delivery order).
+	statsEvery, statsLag time.Duration
+	countsOnly           bool
+	pending              []statsSample
 	// Scratch reused across calls.
 	req     pb.LookupRouteRequest
 	hashes  [][]byte
@@ -105,9 +143,16 @@ const (
 // simEpoch anchors simulated time on the engine's µs clock.
 var simEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newEngineRouter(n int) *engineRouter {
+// statsSample is one replica's load report on its way to the server.
+type statsSample struct {
+	at, deliver time.Duration
+	replica     int
+	load        ReplicaLoad
+}
+
+func newEngineRouter(n int, load engine.LoadConfig) *engineRouter {
 	store := policy.NewStore()
-	e := engine.New(engine.Config{MaxEntries: engine.DefaultMaxEntries, Policies: store})
+	e := engine.New(engine.Config{MaxEntries: engine.DefaultMaxEntries, Policies: store, Load: load})
 	r := &engineRouter{eng: e, store: store, byID: map[string]int{}}
 	svc, err := rpc.NewService(rpc.Config{Index: e, Policies: store, Now: func() time.Time { return simEpoch.Add(r.now) }})
 	if err != nil {
@@ -131,6 +176,7 @@ func (r *engineRouter) micros() int64 { return simEpoch.Add(r.now).UnixMicro() }
 func blockHash(dst []byte, id uint64) []byte { return binary.BigEndian.AppendUint64(dst, id) }
 
 func (r *engineRouter) Observe(ev *Event) {
+	r.deliverStats(ev.DeliveredAt)
 	r.now = ev.DeliveredAt
 	now := r.micros()
 	name := r.names[ev.Replica]
@@ -170,17 +216,33 @@ func (r *engineRouter) Observe(ev *Event) {
 	}
 }
 
-func (r *engineRouter) reportStats(v *View) {
-	if r.statsSent && v.Now-r.lastStats < statsInterval {
-		return
-	}
-	r.statsSent, r.lastStats = true, v.Now
-	now := r.micros()
+// TickInterval and Tick implement Ticker: the subscriber's metrics scrape.
+func (r *engineRouter) TickInterval() time.Duration { return r.statsEvery }
+
+func (r *engineRouter) Tick(v *View) {
 	for i, l := range v.Replicas {
-		p := float32(l.InFlight()) / 256
-		r.eng.Ingest(&engine.Update{ReplicaID: r.names[i], TenantID: engineTenant, ModelID: engineModel, TimestampUs: now,
-			Stats: &engine.ReplicaStats{Pressure: min(p, 1)}}, now)
+		r.pending = append(r.pending, statsSample{at: v.Now, deliver: v.Now + r.statsLag, replica: i, load: l})
 	}
+}
+
+// deliverStats ingests every load report due by now, each at its delivery
+// time, as a stats-only update stamped with its scrape time.
+func (r *engineRouter) deliverStats(now time.Duration) {
+	k := 0
+	for ; k < len(r.pending) && r.pending[k].deliver <= now; k++ {
+		p := &r.pending[k]
+		r.now = p.deliver
+		at := simEpoch.Add(p.at).UnixMicro()
+		st := &engine.ReplicaStats{
+			Pressure: min(float32(p.load.InFlight())/256, 1),
+			Load:     engine.LoadStats{Reported: true, Waiting: int32(p.load.Waiting), Running: int32(p.load.Running), QueuedTokens: int64(p.load.PendingPrefillTokens)},
+		}
+		if r.countsOnly {
+			st.Load.QueuedTokens = -1
+		}
+		r.eng.Ingest(&engine.Update{ReplicaID: r.names[p.replica], TenantID: engineTenant, ModelID: engineModel, HashScheme: engineScheme, TimestampUs: at, Stats: st}, r.micros())
+	}
+	r.pending = append(r.pending[:0], r.pending[k:]...)
 }
 
 // refreshHeld re-reports every block each replica still holds, stamped now.
@@ -207,8 +269,8 @@ func (r *engineRouter) refreshHeld(v *View) {
 }
 
 func (r *engineRouter) Route(req *workload.Request, v *View) int {
+	r.deliverStats(v.Now)
 	r.now = v.Now
-	r.reportStats(v)
 	r.refreshHeld(v)
 	full := len(req.Blocks)
 	if last := req.InputTokens - req.BlockSize*(len(req.Blocks)-1); len(req.Blocks) > 0 && last < req.BlockSize {

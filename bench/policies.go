@@ -41,8 +41,8 @@ func leastLoaded(v *View) int {
 func DefaultPolicies() []Policy {
 	return []Policy{
 		EnginePolicy(),
-		EnginePolicyWith(EnginePolicyName+"-no-refresh", EngineOptions{}),
-		EnginePolicyWith(EnginePolicyName+"-affinity-off", EngineOptions{Refresh: DefaultRefresh, Policy: affinityOff()}),
+		EnginePolicyWith(EnginePolicyName+"-contract", EngineOptions{Refresh: DefaultRefresh, ContractOnly: true}),
+		EnginePolicyWith(EnginePolicyName+"-counts", EngineOptions{Refresh: DefaultRefresh, CountsOnly: true}),
 		RandomPolicy(),
 		RoundRobinPolicy(),
 		LeastLoadedPolicy(),

@@ -131,3 +131,15 @@ type Policy struct {
 	// run's seed, for routers that draw random numbers.
 	New func(replicas int, seed uint64) Router
 }
+
+// Ticker is implemented by routers that sample replica load periodically,
+// as a metrics scrape does (this project's router: the kvevent
+// subscriber's stats scrape). The simulator calls Tick every TickInterval
+// of simulated time, from the first interval until the last arrival, with
+// the exact loads at that instant; what the router does with them (delay,
+// aggregate) is its business. Ticks at the same instant as other work run
+// after completions and clears and before event deliveries and arrivals.
+type Ticker interface {
+	TickInterval() time.Duration
+	Tick(view *View)
+}

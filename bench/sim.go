@@ -157,6 +157,7 @@ const (
 	evDecodeDone uint8 = iota
 	evPrefillDone
 	evClear
+	evTick
 	evDeliver
 )
 
@@ -238,11 +239,25 @@ func Simulate(reqs []workload.Request, cfg SimConfig, router Router) (Result, er
 	for _, cl := range cfg.Clears {
 		s.push(simEvent{at: cl.At, kind: evClear, arg: int32(cl.Replica)})
 	}
+	var last time.Duration
+	if len(reqs) > 0 {
+		last = reqs[len(reqs)-1].Arrival
+	}
+	ticker, _ := router.(Ticker)
+	var tickEvery time.Duration
+	if ticker != nil {
+		tickEvery = ticker.TickInterval()
+	}
+	ticks := 0
+	if tickEvery > 0 && tickEvery <= last {
+		ticks = int(last / tickEvery)
+		s.push(simEvent{at: tickEvery, kind: evTick})
+	}
 
 	// Every request causes one arrival, one prefill end, one decode end,
 	// one removal delivery and at most len(Blocks) stored deliveries; each
 	// clear one clear and one delivery. The loop cannot take more steps.
-	budget := 2 * len(cfg.Clears)
+	budget := 2*len(cfg.Clears) + ticks
 	for i := range reqs {
 		budget += 4 + len(reqs[i].Blocks)
 	}
@@ -266,6 +281,12 @@ func Simulate(reqs []workload.Request, cfg SimConfig, router Router) (Result, er
 			s.prefillDone(e)
 		case evClear:
 			s.clearReplica(e)
+		case evTick:
+			s.fillView(e.at)
+			ticker.Tick(&s.view)
+			if next := e.at + tickEvery; next <= last {
+				s.push(simEvent{at: next, kind: evTick})
+			}
 		case evDeliver:
 			s.router.Observe(&s.events[e.arg])
 			s.events[e.arg] = Event{}
@@ -279,10 +300,7 @@ func Simulate(reqs []workload.Request, cfg SimConfig, router Router) (Result, er
 
 func (s *sim) arrive(i int) error {
 	req := &s.reqs[i]
-	for r := range s.reps {
-		s.view.Replicas[r] = s.reps[r].load
-	}
-	s.view.Now = req.Arrival
+	s.fillView(req.Arrival)
 	r := s.router.Route(req, &s.view)
 	if r < 0 || r >= len(s.reps) {
 		return fmt.Errorf("bench: router %q returned replica %d for request %d, want 0..%d", s.router.Name(), r, req.ID, len(s.reps)-1)
@@ -296,6 +314,14 @@ func (s *sim) arrive(i int) error {
 	s.res.RequestsPerReplica[r]++
 	s.tryStart(r, req.Arrival)
 	return nil
+}
+
+// fillView sets the router's view to the replicas' loads at now.
+func (s *sim) fillView(now time.Duration) {
+	for r := range s.reps {
+		s.view.Replicas[r] = s.reps[r].load
+	}
+	s.view.Now = now
 }
 
 // tryStart starts the next queued prefill on replica r if it can.

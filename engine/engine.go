@@ -51,6 +51,9 @@ type Config struct {
 	Metrics Metrics
 	// Ranker overrides the score knobs; the zero value means DefaultRanker.
 	Ranker *RankerConfig
+	// Load configures load-aware routing; the zero value disables it
+	// (every answer is the contract's).
+	Load LoadConfig
 }
 
 // domainKey names a (tenant, model) pair.
@@ -59,8 +62,10 @@ type domainKey struct{ tenant, model string }
 // Engine is the cache index. Create it with New; it is safe for concurrent
 // use by any number of goroutines.
 type Engine struct {
-	cfg      Config
-	ranker   RankerConfig
+	cfg    Config
+	ranker RankerConfig
+	// load is the normalized Config.Load (immutable).
+	load     LoadConfig
 	policies Policies
 	metrics  Metrics
 	// seed salts table hashes per process.
@@ -130,6 +135,10 @@ type domain struct {
 	// schemes lists the domain's hash schemes; copy-on-write under mu.
 	schemes atomic.Pointer[[]*scheme]
 
+	// loadActive is load-aware routing's hysteresis state for the domain:
+	// written under mu when a load report arrives, read by lookups.
+	loadActive atomic.Bool
+
 	// Writer state (mu).
 	byName  map[string]uint16
 	freeIDs []freeID
@@ -160,6 +169,8 @@ type replica struct {
 	newest atomic.Int64
 	// schemeKeys counts keys per scheme index of the domain (writer only).
 	schemeKeys []int32
+	// load is the replica's load-aware routing state (load.go).
+	load replicaLoad
 }
 
 // statsRecord is an immutable stats payload.
@@ -183,10 +194,21 @@ type scheme struct {
 }
 
 // servingSet lists serving replica ids ascending, and their names sorted
-// ascending (the affinity ring).
+// ascending (the affinity ring) with each name's id alongside.
 type servingSet struct {
-	ids   []uint16
-	names []string
+	ids    []uint16
+	names  []string
+	byName []uint16
+}
+
+// servingByName sorts a serving set's names and byName together.
+type servingByName struct{ s *servingSet }
+
+func (x servingByName) Len() int           { return len(x.s.names) }
+func (x servingByName) Less(i, j int) bool { return x.s.names[i] < x.s.names[j] }
+func (x servingByName) Swap(i, j int) {
+	x.s.names[i], x.s.names[j] = x.s.names[j], x.s.names[i]
+	x.s.byName[i], x.s.byName[j] = x.s.byName[j], x.s.byName[i]
 }
 
 func (s *servingSet) has(id uint16) bool {
@@ -243,6 +265,10 @@ func New(cfg Config) *Engine {
 	}
 	if cfg.Ranker != nil {
 		e.ranker = *cfg.Ranker
+	}
+	e.load = cfg.Load
+	if e.load.Enabled {
+		e.load.normalize()
 	}
 	if e.policies == nil {
 		e.policies = StaticPolicies(policy.Empty())

@@ -149,9 +149,13 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				sc = e.scopeLocked(d, sch, adapter)
 			}
 			tier := TierFromWire(p.Tier)
+			before := r.load.newHolders
 			if len(p.BlockHashes) > 0 || len(p.BlockTokenCounts) > 0 {
 				n, ok := e.ingestChainLocked(sc, r, p, tier, ts)
 				res.Entries += n
+				if n > 0 {
+					r.noteStoredLocked(before, chainTokens(p.BlockTokenCounts[:n])/int32(n), 0)
+				}
 				if !ok {
 					res.Dropped++
 					prevOff = 0
@@ -174,9 +178,12 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				continue
 			}
 			res.Entries++
+			var prevCount int32
 			if prevOff != 0 && prevScope == sc && p.TokenCount > prevTokens {
 				e.arena.Word(prevOff + nNext).Store(off)
+				prevCount = prevTokens
 			}
+			r.noteStoredLocked(before, p.TokenCount, prevCount)
 			prevOff, prevTokens, prevScope = off, p.TokenCount, sc
 		}
 	}
@@ -186,6 +193,10 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 		st.Pressure = clampRate(st.Pressure)
 		r.stats.Store(st)
 		r.liveness.Store(ts)
+		if u.Stats.Load.Reported {
+			e.applyLoadLocked(r, u.Stats.Load, u.HashScheme, now)
+			e.updateActivationLocked(d, now)
+		}
 	}
 	if r.keys.Load() == 0 {
 		e.maybeFreeReplicaLocked(d, r, now)
@@ -230,6 +241,15 @@ func (e *Engine) ingestOneLocked(sc *scope, r *replica, h []byte, tokens int32, 
 		return 0
 	}
 	return e.upsertLocked(sc, r, &k, holderWrite{rid: r.id, tokens: tokens, tier: tier, ts: ts})
+}
+
+// chainTokens sums a chain's block token counts, clamped to int32.
+func chainTokens(counts []int32) int32 {
+	var sum int64
+	for _, c := range counts {
+		sum += int64(max(c, 0))
+	}
+	return clampInt32(sum)
 }
 
 func clampInt32(v int64) int32 {
@@ -298,6 +318,7 @@ func (e *Engine) ApplyEvent(ev *Event, now int64) {
 // engine restart or cache reset), so the index keeps no per-replica key list.
 func (e *Engine) clearReplicaLocked(d *domain, r *replica, now int64) {
 	r.stats.Store(nil)
+	r.load.report.Store(nil)
 	for _, sc := range e.scopesOf(d) {
 		if r.keys.Load() == 0 {
 			break

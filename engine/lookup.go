@@ -34,9 +34,13 @@ type LookupResult struct {
 	run, fin []runner
 	matched  []int64
 	prefix   []int64
-	// cand and keys are the ranking scratch (emitRanked).
-	cand []candidate
-	keys []uint64
+	// cand and keys are the ranking scratch (emitRanked); sorted is the
+	// load-aware reranking's (rerankByLoad).
+	cand   []candidate
+	keys   []uint64
+	sorted []Score
+	// lv is the lookup's load view (AdviseByLoad).
+	lv loadView
 }
 
 // runner is one replica during a chain walk.
@@ -54,6 +58,7 @@ func (r *LookupResult) reset() {
 	r.d, r.lfu = nil, false
 	r.nodes = r.nodes[:0]
 	r.run, r.fin, r.cand = r.run[:0], r.fin[:0], r.cand[:0]
+	r.lv.active = false
 }
 
 // LookupRoute ranks the replicas that hold the request's prefix (contract

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"slices"
+	"sort"
 	"unsafe"
 
 	"github.com/inferencecache/inferencecache/policy"
@@ -152,8 +153,9 @@ func (e *Engine) setServingLocked(s *scheme, r *replica, serving bool) {
 			name = slots[id].name
 		}
 		ns.names = append(ns.names, name)
+		ns.byName = append(ns.byName, id)
 	}
-	slices.Sort(ns.names)
+	sort.Sort(servingByName{ns})
 	s.serving.Store(ns)
 }
 
@@ -184,6 +186,9 @@ func (e *Engine) countHolderLocked(sc *scope, r *replica, delta int64) {
 	}
 	if r.keys.Add(delta) == 0 {
 		r.newest.Store(0)
+	}
+	if delta > 0 {
+		r.load.newHolders++
 	}
 	for len(r.schemeKeys) <= sc.sch.index {
 		r.schemeKeys = append(r.schemeKeys, 0)

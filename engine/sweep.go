@@ -78,6 +78,7 @@ func (e *Engine) sweepStats(now int64) {
 			}
 			if now-r.liveness.Load() >= ttl {
 				r.stats.Store(nil)
+				r.load.report.Store(nil)
 				e.maybeFreeReplicaLocked(d, r, now)
 			}
 		}

@@ -118,6 +118,9 @@ type ReplicaStats struct {
 	Pressure         float32
 	T2HitTokens      int64
 	T2QueryTokens    int64
+	// Load is the live load (inferencecache extension); Load.Reported is
+	// false for a pressure-only report.
+	Load LoadStats
 }
 
 // Update is one CacheStateUpdate: an additive delta from one replica.

@@ -182,6 +182,10 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	if belowMin && (strategy == engine.StrategyPrefixMatch || strategy == engine.StrategyTenantHot) {
 		strategy = engine.StrategyNone
 	}
+	if strategy == engine.StrategyNone && (res.Strategy != engine.StrategyPrefixMatch || belowMin) {
+		// Only prefix matches are candidates for the load-aware ranking.
+		res.Scores = res.Scores[:0]
+	}
 	if strategy == engine.StrategyPrefixMatch {
 		// 11b. Matched-tokens floor, per replica, in place (order kept).
 		if floor := pt.MinimumMatchedTokens; floor > 0 {
@@ -197,15 +201,46 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 			}
 		}
 		// 11c. Routing floor on the top survivor.
-		if strategy == engine.StrategyPrefixMatch && pt.RoutingFloorScore > 0 && res.Scores[0].Score < pt.RoutingFloorScore {
+		if strategy == engine.StrategyPrefixMatch && belowFloor(pt, res.Scores) {
 			strategy = engine.StrategyNone
+		}
+	}
+
+	// The contract's first replica: the top score, or the affinity pin
+	// (11d) on the None branch.
+	var pick engine.ContractPick
+	var pin string
+	if strategy == engine.StrategyPrefixMatch {
+		pick = engine.PickOfScore(&res.Scores[0])
+	} else if strategy == engine.StrategyNone {
+		pin, pick = s.affinity(req, pt, sc, engine.AffinityContract)
+	}
+
+	// Load-aware second opinion (docs/routing.md): it keeps the contract's
+	// answer unless the pick is overloaded or a replica with a shorter
+	// queue is cheaper. res.Scores holds the prefix candidates that passed
+	// the matched-tokens floor (none below minimumPrefixTokens).
+	if pick.Has {
+		switch s.index.AdviseByLoad(&sc.req, start.UnixMicro(), res, pick, eff) {
+		case engine.LoadRerank:
+			strategy = engine.StrategyPrefixMatch
+			if belowFloor(pt, res.Scores) {
+				strategy = engine.StrategyNone
+				pin, pick = s.affinity(req, pt, sc, engine.AffinityExplore)
+			} else {
+				pick = engine.PickOfScore(&res.Scores[0])
+			}
+		case engine.LoadExplore:
+			strategy = engine.StrategyNone
+			pin, pick = s.affinity(req, pt, sc, engine.AffinityExplore)
 		}
 	}
 
 	// 11d. The consistent-hash fallback on the None branch.
 	if strategy == engine.StrategyNone {
-		if rid, ok := s.affinity(req, pt, sc); ok {
-			return s.affinityResponse(req, model, rid, start, in.echo), nil
+		if pick.Has {
+			s.noteRouted(res, pick, eff, start)
+			return s.affinityResponse(req, model, pin, start, in.echo), nil
 		}
 		return s.indexedResponse(req, model, ReasonNoHint, nil, start, in.echo), nil
 	}
@@ -216,6 +251,7 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	case engine.StrategyPrefixMatch:
 		s.index.Credit(res)
 		scores = res.Scores
+		s.noteRouted(res, pick, eff, start)
 	case engine.StrategyTenantHot:
 		scores = res.Scores
 	}
@@ -415,20 +451,38 @@ func (s *Service) promptFailedOpen(noTokenizer bool) {
 // affinity is step 11d: a consistent-hash pick among the replicas serving
 // (tenant, model, scheme), when the tenant enables affinity routing, the
 // three keys are set, the wire chain is balanced (or absent), and the
-// resolved input yields a seed (contract §3.8).
-func (s *Service) affinity(req *pb.LookupRouteRequest, pt *policy.Tenant, sc *lookupScratch) (string, bool) {
+// resolved input yields a seed (contract §3.8). In AffinityExplore mode the
+// walk skips overloaded and busier replicas (docs/routing.md).
+func (s *Service) affinity(req *pb.LookupRouteRequest, pt *policy.Tenant, sc *lookupScratch, mode engine.AffinityMode) (string, engine.ContractPick) {
 	if !pt.AffinityRouting || req.GetTenantId() == "" || req.GetModelId() == "" || req.GetHashScheme() == "" {
-		return "", false
+		return "", engine.ContractPick{}
 	}
 	if len(req.GetBlockHashes()) != len(req.GetBlockTokenCounts()) {
-		return "", false
+		return "", engine.ContractPick{}
 	}
 	seed := appendAffinitySeed(sc.seed[:0], &sc.in)
 	sc.seed = seed
 	if len(seed) == 0 {
-		return "", false
+		return "", engine.ContractPick{}
 	}
-	return s.index.AffinityHint(req.GetTenantId(), req.GetModelId(), req.GetHashScheme(), seed)
+	name, pick, ok := s.index.AffinityPick(&sc.res, req.GetTenantId(), req.GetModelId(), req.GetHashScheme(), seed, mode)
+	if !ok {
+		return "", engine.ContractPick{}
+	}
+	return name, pick
+}
+
+// belowFloor is step 11c: the routing floor, when set, on the top score.
+func belowFloor(pt *policy.Tenant, scores []engine.Score) bool {
+	return pt.RoutingFloorScore > 0 && scores[0].Score < pt.RoutingFloorScore
+}
+
+// noteRouted tells the index where the delivered answer sends the request
+// and how much of its prompt is still to prefill there, so load-aware
+// routing counts it until the replica's next load report.
+func (s *Service) noteRouted(res *engine.LookupResult, pick engine.ContractPick, tokens int64, start time.Time) {
+	matched, _ := engine.MatchedAt(res, pick)
+	s.index.NoteRouted(res, pick, tokens-int64(matched), start.UnixMicro())
 }
 
 // appendAffinitySeed appends the seed of contract §3.8: for a non-empty

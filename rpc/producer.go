@@ -83,6 +83,12 @@ func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
 			T2HitTokens:      st.GetT2HitTokens(),
 			T2QueryTokens:    st.GetT2QueryTokens(),
 		}
+		if st.WaitingRequests != nil || st.RunningRequests != nil {
+			c.stats.Load = engine.LoadStats{Reported: true, Waiting: st.GetWaitingRequests(), Running: st.GetRunningRequests(), QueuedTokens: -1}
+			if st.QueuedPrefillTokens != nil {
+				c.stats.Load.QueuedTokens = max(st.GetQueuedPrefillTokens(), 0)
+			}
+		}
 		c.u.Stats = &c.stats
 	}
 	return &c.u

@@ -32,7 +32,16 @@ type fieldSpec struct {
 	// ref is the full name of the enum or message type, relative to the
 	// package, or "map<K,V>" for map fields; empty for scalars.
 	ref string
+	// ext marks a field this project added after the upstream contract
+	// (with a fresh number). Extensions may use explicit presence
+	// (proto3 optional) so a reader can tell "not reported" from zero.
+	ext bool
 }
+
+const (
+	upstream  = false
+	extension = true
+)
 
 const (
 	str  = protoreflect.StringKind
@@ -48,109 +57,112 @@ const (
 )
 
 var wireFields = []fieldSpec{
-	{"RenderTemplateRequest", "template_ref", 1, str, false, ""},
-	{"RenderTemplateRequest", "variables", 2, msgk, true, "map<string,string>"},
-	{"RenderTemplateRequest", "tenant_id", 3, str, false, ""},
+	{"RenderTemplateRequest", "template_ref", 1, str, false, "", upstream},
+	{"RenderTemplateRequest", "variables", 2, msgk, true, "map<string,string>", upstream},
+	{"RenderTemplateRequest", "tenant_id", 3, str, false, "", upstream},
 
-	{"RenderTemplateResponse", "rendered_prompt", 1, byt, false, ""},
-	{"RenderTemplateResponse", "stable_prefix_hash", 2, byt, false, ""},
-	{"RenderTemplateResponse", "tenant_namespace", 3, byt, false, ""},
-	{"RenderTemplateResponse", "reason_code", 4, str, false, ""},
-	{"RenderTemplateResponse", "template_revision", 5, str, false, ""},
+	{"RenderTemplateResponse", "rendered_prompt", 1, byt, false, "", upstream},
+	{"RenderTemplateResponse", "stable_prefix_hash", 2, byt, false, "", upstream},
+	{"RenderTemplateResponse", "tenant_namespace", 3, byt, false, "", upstream},
+	{"RenderTemplateResponse", "reason_code", 4, str, false, "", upstream},
+	{"RenderTemplateResponse", "template_revision", 5, str, false, "", upstream},
 
-	{"SLO", "ttft_ms", 1, i32, false, ""},
-	{"SLO", "tbt_ms", 2, i32, false, ""},
+	{"SLO", "ttft_ms", 1, i32, false, "", upstream},
+	{"SLO", "tbt_ms", 2, i32, false, "", upstream},
 
-	{"LookupRouteRequest", "model_id", 1, str, false, ""},
-	{"LookupRouteRequest", "tenant_id", 2, str, false, ""},
-	{"LookupRouteRequest", "prefix_hash", 3, byt, false, ""},
-	{"LookupRouteRequest", "prefix_token_count", 4, i32, false, ""},
-	{"LookupRouteRequest", "hash_scheme", 5, str, false, ""},
-	{"LookupRouteRequest", "slo", 6, msgk, false, "SLO"},
-	{"LookupRouteRequest", "block_hashes", 7, byt, true, ""},
-	{"LookupRouteRequest", "block_token_counts", 8, i32, true, ""},
-	{"LookupRouteRequest", "token_ids", 9, u32, true, ""},
-	{"LookupRouteRequest", "prompt_text", 10, str, false, ""},
-	{"LookupRouteRequest", "adapter_id", 11, str, false, ""},
+	{"LookupRouteRequest", "model_id", 1, str, false, "", upstream},
+	{"LookupRouteRequest", "tenant_id", 2, str, false, "", upstream},
+	{"LookupRouteRequest", "prefix_hash", 3, byt, false, "", upstream},
+	{"LookupRouteRequest", "prefix_token_count", 4, i32, false, "", upstream},
+	{"LookupRouteRequest", "hash_scheme", 5, str, false, "", upstream},
+	{"LookupRouteRequest", "slo", 6, msgk, false, "SLO", upstream},
+	{"LookupRouteRequest", "block_hashes", 7, byt, true, "", upstream},
+	{"LookupRouteRequest", "block_token_counts", 8, i32, true, "", upstream},
+	{"LookupRouteRequest", "token_ids", 9, u32, true, "", upstream},
+	{"LookupRouteRequest", "prompt_text", 10, str, false, "", upstream},
+	{"LookupRouteRequest", "adapter_id", 11, str, false, "", upstream},
 
-	{"ReplicaScore", "replica_id", 1, str, false, ""},
-	{"ReplicaScore", "score", 2, f32, false, ""},
-	{"ReplicaScore", "matched_tokens", 3, i32, false, ""},
-	{"ReplicaScore", "estimated_cache_hit_prob", 4, f32, false, ""},
-	{"ReplicaScore", "tier", 5, enm, false, "CacheTier"},
+	{"ReplicaScore", "replica_id", 1, str, false, "", upstream},
+	{"ReplicaScore", "score", 2, f32, false, "", upstream},
+	{"ReplicaScore", "matched_tokens", 3, i32, false, "", upstream},
+	{"ReplicaScore", "estimated_cache_hit_prob", 4, f32, false, "", upstream},
+	{"ReplicaScore", "tier", 5, enm, false, "CacheTier", upstream},
 
-	{"LookupRouteResponse", "replica_scores", 1, msgk, true, "ReplicaScore"},
-	{"LookupRouteResponse", "reason_code", 2, str, false, ""},
-	{"LookupRouteResponse", "lookup_latency_us", 3, i64, false, ""},
-	{"LookupRouteResponse", "token_ids", 4, u32, true, ""},
-	{"LookupRouteResponse", "adapter_id", 5, str, false, ""},
+	{"LookupRouteResponse", "replica_scores", 1, msgk, true, "ReplicaScore", upstream},
+	{"LookupRouteResponse", "reason_code", 2, str, false, "", upstream},
+	{"LookupRouteResponse", "lookup_latency_us", 3, i64, false, "", upstream},
+	{"LookupRouteResponse", "token_ids", 4, u32, true, "", upstream},
+	{"LookupRouteResponse", "adapter_id", 5, str, false, "", upstream},
 
-	{"LookupPDRouteRequest", "model_id", 1, str, false, ""},
-	{"LookupPDRouteRequest", "tenant_id", 2, str, false, ""},
-	{"LookupPDRouteRequest", "prefix_hash", 3, byt, false, ""},
-	{"LookupPDRouteRequest", "prefix_token_count", 4, i32, false, ""},
-	{"LookupPDRouteRequest", "pd_topology_ref", 5, str, false, ""},
+	{"LookupPDRouteRequest", "model_id", 1, str, false, "", upstream},
+	{"LookupPDRouteRequest", "tenant_id", 2, str, false, "", upstream},
+	{"LookupPDRouteRequest", "prefix_hash", 3, byt, false, "", upstream},
+	{"LookupPDRouteRequest", "prefix_token_count", 4, i32, false, "", upstream},
+	{"LookupPDRouteRequest", "pd_topology_ref", 5, str, false, "", upstream},
 
-	{"LookupPDRouteResponse", "prefill_replica_id", 1, str, false, ""},
-	{"LookupPDRouteResponse", "decode_replica_id", 2, str, false, ""},
-	{"LookupPDRouteResponse", "transport_hint", 3, str, false, ""},
-	{"LookupPDRouteResponse", "reason_code", 4, str, false, ""},
+	{"LookupPDRouteResponse", "prefill_replica_id", 1, str, false, "", upstream},
+	{"LookupPDRouteResponse", "decode_replica_id", 2, str, false, "", upstream},
+	{"LookupPDRouteResponse", "transport_hint", 3, str, false, "", upstream},
+	{"LookupPDRouteResponse", "reason_code", 4, str, false, "", upstream},
 
-	{"GetCacheStateRequest", "model_id", 1, str, false, ""},
-	{"GetCacheStateRequest", "tenant_id", 2, str, false, ""},
+	{"GetCacheStateRequest", "model_id", 1, str, false, "", upstream},
+	{"GetCacheStateRequest", "tenant_id", 2, str, false, "", upstream},
 
-	{"GetCacheStateResponse", "replicas", 1, msgk, true, "ReplicaStats"},
-	{"GetCacheStateResponse", "summary", 2, msgk, false, "CacheSummary"},
+	{"GetCacheStateResponse", "replicas", 1, msgk, true, "ReplicaStats", upstream},
+	{"GetCacheStateResponse", "summary", 2, msgk, false, "CacheSummary", upstream},
 
-	{"CacheSummary", "total_prefixes", 1, i64, false, ""},
-	{"CacheSummary", "hot_prefixes", 2, i64, false, ""},
+	{"CacheSummary", "total_prefixes", 1, i64, false, "", upstream},
+	{"CacheSummary", "hot_prefixes", 2, i64, false, "", upstream},
 
-	{"CacheStateUpdate", "replica_id", 1, str, false, ""},
-	{"CacheStateUpdate", "model_id", 2, str, false, ""},
-	{"CacheStateUpdate", "tenant_id", 3, str, false, ""},
-	{"CacheStateUpdate", "hash_scheme", 4, str, false, ""},
-	{"CacheStateUpdate", "timestamp_us", 5, i64, false, ""},
-	{"CacheStateUpdate", "prefixes", 6, msgk, true, "PrefixEntry"},
-	{"CacheStateUpdate", "stats", 7, msgk, false, "ReplicaStats"},
-	{"CacheStateUpdate", "adapter_id", 8, str, false, ""},
+	{"CacheStateUpdate", "replica_id", 1, str, false, "", upstream},
+	{"CacheStateUpdate", "model_id", 2, str, false, "", upstream},
+	{"CacheStateUpdate", "tenant_id", 3, str, false, "", upstream},
+	{"CacheStateUpdate", "hash_scheme", 4, str, false, "", upstream},
+	{"CacheStateUpdate", "timestamp_us", 5, i64, false, "", upstream},
+	{"CacheStateUpdate", "prefixes", 6, msgk, true, "PrefixEntry", upstream},
+	{"CacheStateUpdate", "stats", 7, msgk, false, "ReplicaStats", upstream},
+	{"CacheStateUpdate", "adapter_id", 8, str, false, "", upstream},
 
-	{"PrefixEntry", "prefix_hash", 1, byt, false, ""},
-	{"PrefixEntry", "token_count", 2, i32, false, ""},
-	{"PrefixEntry", "block_hashes", 3, byt, true, ""},
-	{"PrefixEntry", "block_token_counts", 4, i32, true, ""},
-	{"PrefixEntry", "tier", 5, enm, false, "CacheTier"},
-	{"PrefixEntry", "adapter_id", 6, str, false, ""},
+	{"PrefixEntry", "prefix_hash", 1, byt, false, "", upstream},
+	{"PrefixEntry", "token_count", 2, i32, false, "", upstream},
+	{"PrefixEntry", "block_hashes", 3, byt, true, "", upstream},
+	{"PrefixEntry", "block_token_counts", 4, i32, true, "", upstream},
+	{"PrefixEntry", "tier", 5, enm, false, "CacheTier", upstream},
+	{"PrefixEntry", "adapter_id", 6, str, false, "", upstream},
 
-	{"ReplicaStats", "replica_id", 1, str, false, ""},
-	{"ReplicaStats", "cache_memory_bytes", 2, i64, false, ""},
-	{"ReplicaStats", "hit_rate", 3, f32, false, ""},
-	{"ReplicaStats", "pressure", 4, f32, false, ""},
-	{"ReplicaStats", "client_version", 5, str, false, ""},
-	{"ReplicaStats", "t2_hit_tokens", 6, i64, false, ""},
-	{"ReplicaStats", "t2_query_tokens", 7, i64, false, ""},
+	{"ReplicaStats", "replica_id", 1, str, false, "", upstream},
+	{"ReplicaStats", "cache_memory_bytes", 2, i64, false, "", upstream},
+	{"ReplicaStats", "hit_rate", 3, f32, false, "", upstream},
+	{"ReplicaStats", "pressure", 4, f32, false, "", upstream},
+	{"ReplicaStats", "client_version", 5, str, false, "", upstream},
+	{"ReplicaStats", "t2_hit_tokens", 6, i64, false, "", upstream},
+	{"ReplicaStats", "t2_query_tokens", 7, i64, false, "", upstream},
+	{"ReplicaStats", "waiting_requests", 8, i32, false, "", extension},
+	{"ReplicaStats", "running_requests", 9, i32, false, "", extension},
+	{"ReplicaStats", "queued_prefill_tokens", 10, i64, false, "", extension},
 
-	{"CacheEvent", "type", 1, enm, false, "CacheEvent.Type"},
-	{"CacheEvent", "replica_id", 2, str, false, ""},
-	{"CacheEvent", "model_id", 3, str, false, ""},
-	{"CacheEvent", "tenant_id", 4, str, false, ""},
-	{"CacheEvent", "prefix_hash", 5, byt, false, ""},
-	{"CacheEvent", "timestamp_us", 6, i64, false, ""},
-	{"CacheEvent", "adapter_id", 7, str, false, ""},
+	{"CacheEvent", "type", 1, enm, false, "CacheEvent.Type", upstream},
+	{"CacheEvent", "replica_id", 2, str, false, "", upstream},
+	{"CacheEvent", "model_id", 3, str, false, "", upstream},
+	{"CacheEvent", "tenant_id", 4, str, false, "", upstream},
+	{"CacheEvent", "prefix_hash", 5, byt, false, "", upstream},
+	{"CacheEvent", "timestamp_us", 6, i64, false, "", upstream},
+	{"CacheEvent", "adapter_id", 7, str, false, "", upstream},
 
-	{"StreamEventsRequest", "model_id", 1, str, false, ""},
-	{"StreamEventsRequest", "tenant_id", 2, str, false, ""},
-	{"StreamEventsRequest", "types", 3, enm, true, "CacheEvent.Type"},
+	{"StreamEventsRequest", "model_id", 1, str, false, "", upstream},
+	{"StreamEventsRequest", "tenant_id", 2, str, false, "", upstream},
+	{"StreamEventsRequest", "types", 3, enm, true, "CacheEvent.Type", upstream},
 
-	{"StreamMetricsRequest", "names", 1, str, true, ""},
+	{"StreamMetricsRequest", "names", 1, str, true, "", upstream},
 
-	{"Metric", "name", 1, str, false, ""},
-	{"Metric", "type", 2, str, false, ""},
-	{"Metric", "labels", 3, msgk, true, "map<string,string>"},
-	{"Metric", "value", 4, f64, false, ""},
-	{"Metric", "timestamp_us", 5, i64, false, ""},
+	{"Metric", "name", 1, str, false, "", upstream},
+	{"Metric", "type", 2, str, false, "", upstream},
+	{"Metric", "labels", 3, msgk, true, "map<string,string>", upstream},
+	{"Metric", "value", 4, f64, false, "", upstream},
+	{"Metric", "timestamp_us", 5, i64, false, "", upstream},
 
-	{"Ack", "accepted", 1, bl, false, ""},
-	{"Ack", "reason_code", 2, str, false, ""},
+	{"Ack", "accepted", 1, bl, false, "", upstream},
+	{"Ack", "reason_code", 2, str, false, "", upstream},
 }
 
 type enumSpec struct {
@@ -242,10 +254,10 @@ func TestWireFields(t *testing.T) {
 		if rep := f.Cardinality() == protoreflect.Repeated; rep != w.repeated {
 			t.Errorf("%s.%s #%d: repeated=%v, want %v", w.msg, w.name, w.num, rep, w.repeated)
 		}
-		if f.HasPresence() && f.Message() == nil {
+		if f.HasPresence() && f.Message() == nil && !w.ext {
 			t.Errorf("%s.%s #%d: has explicit presence (optional/oneof); the contract uses plain proto3 fields", w.msg, w.name, w.num)
 		}
-		if f.ContainingOneof() != nil {
+		if f.ContainingOneof() != nil && !(w.ext && f.ContainingOneof().IsSynthetic()) {
 			t.Errorf("%s.%s #%d: is in oneof %s; the contract has no oneofs", w.msg, w.name, w.num, f.ContainingOneof().Name())
 		}
 		if w.repeated && f.Kind() != byt && f.Kind() != str && f.Kind() != msgk && !f.IsPacked() {

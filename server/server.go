@@ -83,6 +83,9 @@ type Config struct {
 	EngineBlockSize int
 	// SweepInterval is the TTL sweep period.
 	SweepInterval time.Duration
+	// Load configures load-aware routing (docs/routing.md); Enabled false
+	// answers every lookup exactly as the contract ranks it.
+	Load engine.LoadConfig
 
 	// EnablePprof mounts /debug/pprof/ on the public listener.
 	EnablePprof bool
@@ -127,6 +130,7 @@ func DefaultConfig() Config {
 		MaxIndexEntries:    engine.DefaultMaxEntries,
 		EngineBlockSize:    rpc.DefaultEngineBlockSize,
 		SweepInterval:      engine.DefaultSweepInterval,
+		Load:               engine.DefaultLoadConfig(),
 		ControllerAudience: DefaultControllerAudience,
 		PolicyAudience:     DefaultPolicyAudience,
 		KeepaliveTime:      DefaultKeepaliveTime,
@@ -199,6 +203,7 @@ func New(cfg Config) (*Server, error) {
 		MaxBytes:   cfg.MaxIndexBytes,
 		Policies:   s.policies,
 		Metrics:    s.metrics,
+		Load:       cfg.Load,
 	})
 	s.metrics.RegisterIndex(s.engine.Memory)
 	var idx rpc.Index = s.engine

@@ -1137,8 +1137,18 @@ type ReplicaStats struct {
 	// Cumulative external-tier counters, in tokens.
 	T2HitTokens   int64 `protobuf:"varint,6,opt,name=t2_hit_tokens,json=t2HitTokens,proto3" json:"t2_hit_tokens,omitempty"`
 	T2QueryTokens int64 `protobuf:"varint,7,opt,name=t2_query_tokens,json=t2QueryTokens,proto3" json:"t2_query_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Requests the engine has accepted but not started (vllm:num_requests_waiting,
+	// sglang:num_queue_reqs). Negative values are read as 0.
+	WaitingRequests *int32 `protobuf:"varint,8,opt,name=waiting_requests,json=waitingRequests,proto3,oneof" json:"waiting_requests,omitempty"`
+	// Requests in prefill or decode (vllm:num_requests_running,
+	// sglang:num_running_reqs). Negative values are read as 0.
+	RunningRequests *int32 `protobuf:"varint,9,opt,name=running_requests,json=runningRequests,proto3,oneof" json:"running_requests,omitempty"`
+	// Prompt tokens still to prefill for the waiting requests (and the
+	// unfinished part of running prefills), when the producer can tell;
+	// absent means unknown and the server estimates it from waiting_requests.
+	QueuedPrefillTokens *int64 `protobuf:"varint,10,opt,name=queued_prefill_tokens,json=queuedPrefillTokens,proto3,oneof" json:"queued_prefill_tokens,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ReplicaStats) Reset() {
@@ -1216,6 +1226,27 @@ func (x *ReplicaStats) GetT2HitTokens() int64 {
 func (x *ReplicaStats) GetT2QueryTokens() int64 {
 	if x != nil {
 		return x.T2QueryTokens
+	}
+	return 0
+}
+
+func (x *ReplicaStats) GetWaitingRequests() int32 {
+	if x != nil && x.WaitingRequests != nil {
+		return *x.WaitingRequests
+	}
+	return 0
+}
+
+func (x *ReplicaStats) GetRunningRequests() int32 {
+	if x != nil && x.RunningRequests != nil {
+		return *x.RunningRequests
+	}
+	return 0
+}
+
+func (x *ReplicaStats) GetQueuedPrefillTokens() int64 {
+	if x != nil && x.QueuedPrefillTokens != nil {
+		return *x.QueuedPrefillTokens
 	}
 	return 0
 }
@@ -1645,7 +1676,7 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\x12block_token_counts\x18\x04 \x03(\x05R\x10blockTokenCounts\x126\n" +
 	"\x04tier\x18\x05 \x01(\x0e2\".inferencecache.v1alpha1.CacheTierR\x04tier\x12\x1d\n" +
 	"\n" +
-	"adapter_id\x18\x06 \x01(\tR\tadapterId\"\x85\x02\n" +
+	"adapter_id\x18\x06 \x01(\tR\tadapterId\"\xe2\x03\n" +
 	"\fReplicaStats\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12,\n" +
@@ -1654,7 +1685,14 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\bpressure\x18\x04 \x01(\x02R\bpressure\x12%\n" +
 	"\x0eclient_version\x18\x05 \x01(\tR\rclientVersion\x12\"\n" +
 	"\rt2_hit_tokens\x18\x06 \x01(\x03R\vt2HitTokens\x12&\n" +
-	"\x0ft2_query_tokens\x18\a \x01(\x03R\rt2QueryTokens\"\xee\x02\n" +
+	"\x0ft2_query_tokens\x18\a \x01(\x03R\rt2QueryTokens\x12.\n" +
+	"\x10waiting_requests\x18\b \x01(\x05H\x00R\x0fwaitingRequests\x88\x01\x01\x12.\n" +
+	"\x10running_requests\x18\t \x01(\x05H\x01R\x0frunningRequests\x88\x01\x01\x127\n" +
+	"\x15queued_prefill_tokens\x18\n" +
+	" \x01(\x03H\x02R\x13queuedPrefillTokens\x88\x01\x01B\x13\n" +
+	"\x11_waiting_requestsB\x13\n" +
+	"\x11_running_requestsB\x18\n" +
+	"\x16_queued_prefill_tokens\"\xee\x02\n" +
 	"\n" +
 	"CacheEvent\x12<\n" +
 	"\x04type\x18\x01 \x01(\x0e2(.inferencecache.v1alpha1.CacheEvent.TypeR\x04type\x12\x1d\n" +
@@ -1787,6 +1825,7 @@ func file_inferencecache_v1alpha1_inferencecache_proto_init() {
 	if File_inferencecache_v1alpha1_inferencecache_proto != nil {
 		return
 	}
+	file_inferencecache_v1alpha1_inferencecache_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1,0 +1,542 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"math"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// Load-aware routing (docs/routing.md). The contract ranks replicas by what
+// they cache; gateways send the request to the first one, so a replica
+// that holds a prefix but has a long queue is still first. The engine keeps
+// a live load signal per (tenant, model, replica) and, when loads are
+// material, gives a second opinion on the contract's answer:
+//
+//   - Signal: the engine-reported waiting and running requests and queued
+//     prefill tokens (ReplicaStats fields 8-10, from the kvevent
+//     subscriber's metrics scrape), plus what this server routed to the
+//     replica since that report, decayed.
+//   - Activation: per (tenant, model), with hysteresis on the reported
+//     in-flight requests (waiting + running): on when some replica reports
+//     at least MinQueue, off when every fresh report is below half of it.
+//     An idle fleet, or one that reports no load at all, gets the
+//     contract's answers exactly.
+//   - Overload (the herding guard, consistent hashing with bounded loads):
+//     a replica is overloaded when its in-flight requests exceed
+//     max(Bound × mean, MinQueue).
+//   - Cost: a candidate's estimated time to first token, in prefill-token
+//     units: queue + PrefillWeight × uncached prompt tokens. The contract's
+//     pick stands unless it is overloaded or another replica is both less
+//     loaded and cheaper.
+
+// Load-aware routing defaults (docs/routing.md).
+const (
+	DefaultLoadBound         = 1.25
+	DefaultLoadMinQueue      = 4
+	DefaultLoadPrefillWeight = 16.0
+	DefaultLoadMaxAge        = 5 * time.Second
+)
+
+// LoadConfig configures load-aware routing. The zero value disables it.
+type LoadConfig struct {
+	// Enabled turns the load-aware second opinion on; off, every answer is
+	// the contract's.
+	Enabled bool
+	// Bound is c of bounded loads: a replica whose in-flight requests
+	// exceed max(Bound × the mean, MinQueue) is overloaded.
+	Bound float64
+	// MinQueue is the in-flight request count at which load starts to
+	// matter: the activation threshold (with hysteresis down to half of
+	// it) and the floor of the overload bound.
+	MinQueue int
+	// PrefillWeight is how many queued prefill tokens one uncached prompt
+	// token is worth in the cost (>= 1): recomputing a prefix delays this
+	// request and everything queued behind it, and evicts other prefixes.
+	PrefillWeight float64
+	// MaxAge is how long a load report counts; an older one is unknown.
+	MaxAge time.Duration
+}
+
+// DefaultLoadConfig returns load-aware routing on, with the defaults.
+func DefaultLoadConfig() LoadConfig {
+	return LoadConfig{Enabled: true, Bound: DefaultLoadBound, MinQueue: DefaultLoadMinQueue,
+		PrefillWeight: DefaultLoadPrefillWeight, MaxAge: DefaultLoadMaxAge}
+}
+
+func (c *LoadConfig) normalize() {
+	if c.Bound < 1 {
+		c.Bound = DefaultLoadBound
+	}
+	if c.MinQueue < 1 {
+		c.MinQueue = DefaultLoadMinQueue
+	}
+	if !(c.PrefillWeight >= 1) || math.IsInf(c.PrefillWeight, 0) {
+		c.PrefillWeight = DefaultLoadPrefillWeight
+	}
+	if c.MaxAge <= 0 {
+		c.MaxAge = DefaultLoadMaxAge
+	}
+}
+
+// LoadStats is the load part of a stats report. A report carries load when
+// Reported is set (the producer sent waiting or running requests).
+type LoadStats struct {
+	Reported bool
+	Waiting  int32
+	Running  int32
+	// QueuedTokens is the prefill work the engine still has queued, in
+	// tokens; negative means unknown (estimated from Waiting).
+	QueuedTokens int64
+}
+
+// loadRecord is an immutable load report.
+type loadRecord struct {
+	LoadStats
+	// at is the server time the report arrived (µs).
+	at int64
+	// queue is the prefill work the report says is queued (tokens):
+	// QueuedTokens, or Waiting priced at the mean routed request.
+	queue float64
+	// scheme is the hash scheme the report came with: a replica that
+	// reports load for a scheme is a place to compute that scheme's
+	// prompts even before it holds any key of it.
+	scheme string
+}
+
+// ewma is a lock-free exponentially weighted mean (float64 bits; 0 = none).
+type ewma struct{ w atomic.Uint64 }
+
+func (m *ewma) load() float64 { return math.Float64frombits(m.w.Load()) }
+
+// observe folds x in. Under contention it gives up after a few attempts:
+// a lost sample only delays the mean slightly.
+func (m *ewma) observe(x, weight float64) {
+	for range 4 {
+		w := m.w.Load()
+		old := math.Float64frombits(w)
+		next := x
+		if old > 0 {
+			next = old + weight*(x-old)
+		}
+		if m.w.CompareAndSwap(w, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// replicaLoad is a replica's load-routing state; it is embedded in replica.
+type replicaLoad struct {
+	// report is the last load report, nil when the replica never reported
+	// load (or its stats were cleared). Replaced, never mutated, under
+	// Engine.mu.
+	report atomic.Pointer[loadRecord]
+	// routedReqs and routedTokens count what this server routed to the
+	// replica since its last report (requests, and their uncached prompt
+	// tokens): lookups add, the next report resets them. Lock-free.
+	routedReqs, routedTokens atomic.Int64
+	// reqTokens is the mean uncached prompt tokens of requests routed to
+	// the replica; it prices waiting requests when the engine does not
+	// report queued tokens. Lookups update it.
+	reqTokens ewma
+	// stored counts the prompt tokens of blocks the replica newly stored
+	// since its last report: KV events arrive as each prefill completes,
+	// so they drain the reported queue between reports. Written under
+	// Engine.mu, read by lookups.
+	stored atomic.Int64
+
+	// Writer state (Engine.mu): newHolders counts keys the replica newly
+	// came to hold, and blockTokens is its last seen block size, which
+	// prices a new legacy entry whose predecessor is not in the update.
+	newHolders  int64
+	blockTokens int32
+}
+
+// reqTokensWeight smooths the mean routed request size.
+const reqTokensWeight = 0.05
+
+// applyLoadLocked stores a load report for r. Called by Ingest under mu.
+func (e *Engine) applyLoadLocked(r *replica, ls LoadStats, scheme string, now int64) {
+	rec := &loadRecord{LoadStats: ls, at: now, scheme: scheme}
+	rec.Waiting, rec.Running = max(rec.Waiting, 0), max(rec.Running, 0)
+	prev := r.load.report.Load()
+	// What was routed, and stored, before the engine's scrape is in its
+	// counts now.
+	routed := r.load.routedTokens.Swap(0)
+	r.load.routedReqs.Store(0)
+	stored := r.load.stored.Swap(0)
+	if rec.QueuedTokens >= 0 {
+		rec.queue = float64(rec.QueuedTokens)
+	} else {
+		// Counts only: price the waiting requests at the mean routed
+		// request, but keep what this server routed and has not yet seen
+		// stored (a prefill in progress is "running", not waiting), up to
+		// the requests in flight.
+		per := r.load.reqTokens.load()
+		rec.queue = float64(rec.Waiting) * per
+		if prev != nil {
+			carried := prev.queue + float64(routed-stored)
+			rec.queue = max(rec.queue, min(carried, float64(rec.Waiting+rec.Running)*per))
+		}
+	}
+	r.load.report.Store(rec)
+}
+
+// updateActivationLocked applies the hysteresis: on when some fresh report
+// has at least MinQueue requests in flight, off when all are below half.
+func (e *Engine) updateActivationLocked(d *domain, now int64) {
+	cfg := &e.load
+	maxAge := cfg.MaxAge.Microseconds()
+	peak := int32(0)
+	for _, r := range d.replicaSlots() {
+		if r == nil {
+			continue
+		}
+		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge {
+			peak = max(peak, rec.Waiting+rec.Running)
+		}
+	}
+	switch on := d.loadActive.Load(); {
+	case !on && int(peak) >= cfg.MinQueue:
+		d.loadActive.Store(true)
+	case on && 2*int(peak) < cfg.MinQueue:
+		d.loadActive.Store(false)
+	}
+}
+
+// loadEntry is one serving replica's load as a lookup sees it.
+type loadEntry struct {
+	rid uint16
+	// known is false when the replica has no fresh load report; serving
+	// is false for a replica that reports load for the scheme but holds
+	// none of its keys (it is not on the affinity ring).
+	known, serving bool
+	overloaded     bool
+	// queue is the estimated prefill work ahead (tokens); inflight the
+	// requests in flight, both including what was routed since the report.
+	queue, inflight float64
+}
+
+// loadView is a lookup's picture of a scheme's serving replicas' loads, in
+// LookupResult scratch. pos maps a replica id to its entry (+1; 0 = none).
+type loadView struct {
+	active  bool
+	entries []loadEntry
+	pos     []uint16
+	// qref is the least queue among known, not overloaded replicas: the
+	// queue of the best replica to send a cold request to.
+	qref float64
+}
+
+func (v *loadView) entry(rid uint16) *loadEntry {
+	if int(rid) < len(v.pos) && v.pos[rid] != 0 {
+		return &v.entries[v.pos[rid]-1]
+	}
+	return nil
+}
+
+// evaluateLoad fills res.lv for the serving replicas of the lookup's
+// scheme. It reports whether load-awareness is active for the lookup: on
+// for the domain, and at least one serving replica has a fresh load report.
+func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
+	lv := &res.lv
+	lv.active = false
+	lv.entries = lv.entries[:0]
+	d := res.d
+	if !e.load.Enabled || d == nil || sch == nil || !d.loadActive.Load() {
+		return false
+	}
+	slots := d.replicaSlots()
+	if cap(lv.pos) < len(slots) {
+		lv.pos = make([]uint16, len(slots))
+	}
+	lv.pos = lv.pos[:len(slots)]
+	clear(lv.pos)
+	maxAge := e.load.MaxAge.Microseconds()
+	var sumQ, sumN float64
+	known := 0
+	add := func(r *replica, serving bool) {
+		en := loadEntry{rid: r.id, serving: serving}
+		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge {
+			// The reported queue, plus what was routed since, minus the
+			// prefills KV events say completed since.
+			en.known = true
+			en.queue = max(rec.queue+float64(r.load.routedTokens.Load()-r.load.stored.Load()), 0)
+			en.inflight = float64(rec.Waiting+rec.Running) + float64(r.load.routedReqs.Load())
+			sumQ += en.queue
+			sumN += en.inflight
+			known++
+		}
+		lv.entries = append(lv.entries, en)
+		lv.pos[r.id] = uint16(len(lv.entries))
+	}
+	for _, id := range sch.serving.Load().ids {
+		if int(id) < len(slots) && slots[id] != nil {
+			add(slots[id], true)
+		}
+	}
+	for _, r := range slots {
+		if r == nil || lv.pos[r.id] != 0 {
+			continue
+		}
+		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge && rec.scheme == sch.name {
+			add(r, false)
+		}
+	}
+	if known == 0 {
+		return false
+	}
+	// A replica without a fresh report counts as average: it is neither
+	// preferred nor avoided.
+	meanQ, meanN := sumQ/float64(known), sumN/float64(known)
+	bound := max(e.load.Bound*meanN+2*math.Sqrt(meanN), float64(e.load.MinQueue))
+	lv.qref = math.Inf(1)
+	for i := range lv.entries {
+		en := &lv.entries[i]
+		if !en.known {
+			en.queue, en.inflight = meanQ, meanN
+		}
+		en.overloaded = en.inflight > bound
+		if !en.overloaded {
+			lv.qref = min(lv.qref, en.queue)
+		}
+	}
+	if math.IsInf(lv.qref, 1) { // everyone overloaded: compare against the least queue
+		for i := range lv.entries {
+			lv.qref = min(lv.qref, lv.entries[i].queue)
+		}
+	}
+	lv.active = true
+	return true
+}
+
+// LoadDecision is what load-aware routing makes of the contract's answer.
+type LoadDecision uint8
+
+const (
+	// LoadKeep: the contract's answer stands.
+	LoadKeep LoadDecision = iota
+	// LoadRerank: res.Scores now hold the load-aware PREFIX_MATCH ranking
+	// (best first; the caller applies the routing floor to it).
+	LoadRerank
+	// LoadExplore: no holder is worth its queue; the request should go
+	// where it is cheapest to compute cold (AffinityHint with explore).
+	LoadExplore
+)
+
+// ContractPick is the first replica of the contract's answer: the top
+// PREFIX_MATCH score, or the AFFINITY_HINT pin.
+type ContractPick struct {
+	Has bool
+	rid uint16
+}
+
+// PickOfScore returns the contract pick of a ranked score.
+func PickOfScore(s *Score) ContractPick { return ContractPick{Has: true, rid: s.rid} }
+
+// AdviseByLoad is load-aware routing's second opinion on a lookup's
+// contract answer (docs/routing.md). res is the result of LookupRoute for
+// req, with res.Scores the PREFIX_MATCH candidates left after the
+// matched-tokens floor (possibly none); pick is the contract's first
+// replica; tokens are the request's prompt tokens. It keeps the contract's
+// answer unless load-awareness is active and the pick is overloaded, or
+// another option has both a shorter queue and a lower cost (queue +
+// PrefillWeight × uncached tokens). It allocates nothing.
+func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, pick ContractPick, tokens int64) LoadDecision {
+	if !pick.Has || res.d == nil {
+		return LoadKeep
+	}
+	sch := res.d.findScheme(req.HashScheme)
+	if !e.evaluateLoad(sch, now, res) {
+		return LoadKeep
+	}
+	lv := &res.lv
+	cp := lv.entry(pick.rid)
+	if cp == nil {
+		return LoadKeep
+	}
+	alpha, t := e.load.PrefillWeight, float64(tokens)
+	// The best holder, and the contract pick's own cost.
+	best, bestCost := -1, 0.0
+	pickCost := cp.queue + alpha*t
+	for i := range res.Scores {
+		s := &res.Scores[i]
+		en := lv.entry(s.rid)
+		if en == nil {
+			continue
+		}
+		c := en.queue + alpha*max(t-float64(s.MatchedTokens)*float64(s.Prob), 0)
+		if s.rid == pick.rid {
+			pickCost = c
+		}
+		if !en.overloaded && (best < 0 || c < bestCost) {
+			best, bestCost = i, c
+		}
+	}
+	exploreCost := lv.qref + alpha*t
+	altCost, altQueue := exploreCost, lv.qref
+	if best >= 0 && bestCost <= exploreCost {
+		altCost, altQueue = bestCost, lv.entry(res.Scores[best].rid).queue
+	}
+	if !cp.overloaded && !(altCost < pickCost && altQueue < cp.queue) {
+		return LoadKeep
+	}
+	if best < 0 || bestCost > exploreCost {
+		return LoadExplore
+	}
+	e.rerankByLoad(res, t, exploreCost)
+	return LoadRerank
+}
+
+// rerankByLoad rescores res.Scores by their advantage over the explore
+// option: how many prefill-token equivalents sending the request there
+// saves compared with computing it cold on the least-loaded replica
+// (exploreCost − cost), clamped at 0; overloaded replicas score 0. Ties
+// keep the contract's replica-id order, so scores stay monotone in the
+// returned order.
+func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
+	lv := &res.lv
+	alpha := e.load.PrefillWeight
+	rt := res.d.table()
+	keys := res.keys[:0]
+	for i := range res.Scores {
+		s := &res.Scores[i]
+		adv := 0.0
+		if en := lv.entry(s.rid); en != nil && !en.overloaded {
+			adv = exploreCost - (en.queue + alpha*max(tokens-float64(s.MatchedTokens)*float64(s.Prob), 0))
+		}
+		s.Score = float32(max(adv, 0))
+		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(rt.rank[s.rid])<<16|uint64(i))
+	}
+	slices.Sort(keys)
+	res.keys = keys
+	sorted := res.sorted[:0]
+	for _, k := range keys {
+		sorted = append(sorted, res.Scores[uint16(k)])
+	}
+	res.sorted = sorted
+	copy(res.Scores, sorted)
+}
+
+// AffinityMode selects how AffinityPick chooses on the affinity ring.
+type AffinityMode uint8
+
+const (
+	// AffinityContract is the contract's pick (§3.8).
+	AffinityContract AffinityMode = iota
+	// AffinityExplore walks the ring from the contract's pick to the first
+	// replica that is not overloaded and has the least queue (ties keep
+	// ring order), using the loads AdviseByLoad evaluated into res. With
+	// equal or unknown loads it is the contract's pick.
+	AffinityExplore
+)
+
+// AffinityPick is AffinityHint with load awareness: it returns the chosen
+// replica and its pick. In AffinityExplore mode it needs res to hold the
+// load view of the same lookup (AdviseByLoad returned LoadExplore);
+// otherwise it falls back to the contract's pick.
+func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, seed []byte, mode AffinityMode) (string, ContractPick, bool) {
+	if len(seed) == 0 || scheme == "" {
+		return "", ContractPick{}, false
+	}
+	d := e.lookupDomain(tenant, model)
+	if d == nil {
+		return "", ContractPick{}, false
+	}
+	sch := d.findScheme(scheme)
+	if sch == nil {
+		return "", ContractPick{}, false
+	}
+	ss := sch.serving.Load()
+	n := len(ss.names)
+	if n == 0 {
+		return "", ContractPick{}, false
+	}
+	sum := sha256.Sum256(seed)
+	start := int(binary.BigEndian.Uint64(sum[:8]) % uint64(n))
+	if mode == AffinityExplore && res != nil && res.lv.active && res.d == d {
+		lv := &res.lv
+		for k := range n {
+			i := (start + k) % n
+			en := lv.entry(ss.byName[i])
+			if en == nil || (!en.overloaded && en.queue <= lv.qref) {
+				return ss.names[i], ContractPick{Has: true, rid: ss.byName[i]}, true
+			}
+		}
+		// The least queue is off the ring: a replica that reports load for
+		// the scheme but holds none of its keys yet. Take the least loaded
+		// of those, ties to the first name.
+		slots := d.replicaSlots()
+		best := -1
+		for i := range lv.entries {
+			en := &lv.entries[i]
+			if en.serving || en.overloaded || en.queue > lv.qref {
+				continue
+			}
+			if best < 0 || slots[en.rid].name < slots[lv.entries[best].rid].name {
+				best = i
+			}
+		}
+		if best >= 0 {
+			rid := lv.entries[best].rid
+			return slots[rid].name, ContractPick{Has: true, rid: rid}, true
+		}
+	}
+	return ss.names[start], ContractPick{Has: true, rid: ss.byName[start]}, true
+}
+
+// NoteRouted records that the request res answered was routed to pick
+// (the first replica of the delivered answer), with uncached prompt tokens
+// still to prefill there. Only replicas that report load keep the count,
+// and only while load-aware routing is enabled. Lock-free.
+func (e *Engine) NoteRouted(res *LookupResult, pick ContractPick, uncached int64, now int64) {
+	if !e.load.Enabled || !pick.Has || res.d == nil {
+		return
+	}
+	slots := res.d.replicaSlots()
+	if int(pick.rid) >= len(slots) || slots[pick.rid] == nil {
+		return
+	}
+	r := slots[pick.rid]
+	if r.load.report.Load() == nil {
+		return
+	}
+	u := max(uncached, 0)
+	r.load.routedReqs.Add(1)
+	r.load.routedTokens.Add(u)
+	r.load.reqTokens.observe(float64(u), reqTokensWeight)
+}
+
+// MatchedAt returns the matched tokens and freshness res holds for pick
+// (0 when the pick is not among res.Scores).
+func MatchedAt(res *LookupResult, pick ContractPick) (int32, float32) {
+	for i := range res.Scores {
+		if res.Scores[i].rid == pick.rid {
+			return res.Scores[i].MatchedTokens, res.Scores[i].Prob
+		}
+	}
+	return 0, 0
+}
+
+// noteStoredLocked adds to r's stored tokens what one ingested entry newly
+// stored: tokens for a chain block, or for a legacy entry its cumulative
+// count minus its predecessor's in the same update (prev, 0 when none),
+// else the replica's last seen block size. Called under mu after the entry
+// was written, with the replica's newHolders from before.
+func (r *replica) noteStoredLocked(before int64, tokens, prev int32) {
+	if prev > 0 && tokens > prev {
+		r.load.blockTokens = tokens - prev
+	}
+	if r.load.newHolders == before || r.load.report.Load() == nil {
+		return
+	}
+	n := r.load.blockTokens
+	if prev > 0 && tokens > prev {
+		n = tokens - prev
+	} else if n == 0 {
+		n = tokens
+	}
+	r.load.stored.Add(int64(n) * (r.load.newHolders - before))
+}
