@@ -38,6 +38,33 @@ type ReplicaSnapshot struct {
 	StatsReported bool      `json:"statsReported,omitempty"`
 	T2HitTokens   int64     `json:"t2HitTokens,omitempty"`
 	T2QueryTokens int64     `json:"t2QueryTokens,omitempty"`
+	// Load is the replica's live load as load-aware routing sees it
+	// (docs/routing.md); absent when the replica never reported load. An
+	// inferencecache extension: readers of the upstream shape ignore it.
+	Load *ReplicaLoad `json:"load,omitempty"`
+}
+
+// ReplicaLoad is a replica's load in /snapshot: its last load report and
+// what the server routed there since.
+type ReplicaLoad struct {
+	// Model is the model of the (tenant, model) the load was reported for
+	// (a replica serving several models shows its latest report).
+	Model string `json:"model"`
+	// WaitingRequests and RunningRequests are the engine's last report.
+	WaitingRequests int32 `json:"waitingRequests"`
+	RunningRequests int32 `json:"runningRequests"`
+	// QueuedPrefillTokens is the engine's own figure, when it exports one.
+	QueuedPrefillTokens *int64 `json:"queuedPrefillTokens,omitempty"`
+	// RoutedSinceReport counts the requests this server routed to the
+	// replica since that report.
+	RoutedSinceReport int64 `json:"routedSinceReport"`
+	// EstimatedQueueTokens is the prefill work the server estimates is
+	// ahead of a new request there now, in tokens.
+	EstimatedQueueTokens float64 `json:"estimatedQueueTokens"`
+	// ReportedAt is when the server received the report.
+	ReportedAt time.Time `json:"reportedAt"`
+	// Fresh is false once the report is older than --load-max-age.
+	Fresh bool `json:"fresh"`
 }
 
 // TenantSnapshot is one tenant row of /snapshot.

@@ -176,9 +176,8 @@ func (e *Engine) applyLoadLocked(r *replica, ls LoadStats, scheme string, now in
 		// the requests in flight.
 		per := r.load.reqTokens.load()
 		rec.queue = float64(rec.Waiting) * per
-		if prev != nil {
-			carried := prev.queue + float64(routed-stored)
-			rec.queue = max(rec.queue, min(carried, float64(rec.Waiting+rec.Running)*per))
+		if prev != nil && rec.Waiting+rec.Running > 0 {
+			rec.queue = max(rec.queue, prev.queue+float64(routed-stored))
 		}
 	}
 	r.load.report.Store(rec)
@@ -260,10 +259,8 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 	add := func(r *replica, serving bool) {
 		en := loadEntry{rid: r.id, serving: serving}
 		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge {
-			// The reported queue, plus what was routed since, minus the
-			// prefills KV events say completed since.
 			en.known = true
-			en.queue = max(rec.queue+float64(r.load.routedTokens.Load()-r.load.stored.Load()), 0)
+			en.queue = rec.estimate(r)
 			en.inflight = float64(rec.Waiting+rec.Running) + float64(r.load.routedReqs.Load())
 			sumQ += en.queue
 			sumN += en.inflight
@@ -539,4 +536,60 @@ func (r *replica) noteStoredLocked(before int64, tokens, prev int32) {
 		n = tokens
 	}
 	r.load.stored.Add(int64(n) * (r.load.newHolders - before))
+}
+
+// LoadView is one replica's load as /snapshot and the metrics show it.
+type LoadView struct {
+	Tenant, Model, Replica string
+	Waiting, Running       int32
+	// QueuedTokens is the engine's figure; negative when it sent none.
+	QueuedTokens int64
+	// RoutedSinceReport counts requests routed there since the report.
+	RoutedSinceReport int64
+	// QueueTokens is the current estimate of prefill work ahead (tokens).
+	QueueTokens float64
+	// ReportedAt is the server time of the report (µs); Fresh is false
+	// once it is older than LoadConfig.MaxAge.
+	ReportedAt int64
+	Fresh      bool
+}
+
+// Loads calls fn for every replica (reserved tenant excluded) that
+// reported load, with the figures a lookup at now would use. It reads
+// without locks.
+func (e *Engine) Loads(now int64, fn func(LoadView)) {
+	maxAge := e.load.MaxAge.Microseconds()
+	if maxAge <= 0 {
+		maxAge = DefaultLoadMaxAge.Microseconds()
+	}
+	e.domains.Range(func(_ domainKey, d *domain) bool {
+		if d.reserved {
+			return true
+		}
+		for _, r := range d.replicaSlots() {
+			if r == nil {
+				continue
+			}
+			rec := r.load.report.Load()
+			if rec == nil {
+				continue
+			}
+			fn(LoadView{
+				Tenant: d.tenant, Model: d.model, Replica: r.name,
+				Waiting: rec.Waiting, Running: rec.Running, QueuedTokens: rec.QueuedTokens,
+				RoutedSinceReport: r.load.routedReqs.Load(),
+				QueueTokens:       rec.estimate(r),
+				ReportedAt:        rec.at,
+				Fresh:             now-rec.at < maxAge,
+			})
+		}
+		return true
+	})
+}
+
+// estimate is the prefill work ahead of a new request on r now: the
+// reported queue, plus what was routed since, minus the prefills KV events
+// say completed since.
+func (rec *loadRecord) estimate(r *replica) float64 {
+	return max(rec.queue+float64(r.load.routedTokens.Load()-r.load.stored.Load()), 0)
 }

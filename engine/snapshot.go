@@ -18,6 +18,8 @@ func (e *Engine) Snapshot() controlapi.CacheSnapshot {
 	type rowKey struct{ tenant, replica string }
 	rows := map[rowKey]*controlapi.ReplicaSnapshot{}
 	reported := map[rowKey]int64{}
+	loadAt := map[rowKey]int64{}
+	now := time.Now().UnixMicro()
 	tenants := map[string]*controlapi.TenantSnapshot{}
 	e.domains.Range(func(_ domainKey, d *domain) bool {
 		if d.reserved {
@@ -61,6 +63,10 @@ func (e *Engine) Snapshot() controlapi.CacheSnapshot {
 				row.T2HitTokens = st.T2HitTokens
 				row.T2QueryTokens = st.T2QueryTokens
 				row.LastUpdate = time.UnixMicro(r.liveness.Load()).UTC()
+			}
+			if rec := r.load.report.Load(); rec != nil && (row.Load == nil || rec.at > loadAt[k]) {
+				loadAt[k] = rec.at
+				row.Load = snapshotLoad(d.model, rec, r, now, e.load.MaxAge.Microseconds())
 			}
 		}
 		return true
@@ -120,4 +126,25 @@ func (e *Engine) ModelState(tenant, model string) (replicas []ReplicaStatsView, 
 	}
 	slices.SortFunc(replicas, func(a, b ReplicaStatsView) int { return cmp.Compare(a.ReplicaID, b.ReplicaID) })
 	return replicas, d.keys.Load()
+}
+
+// snapshotLoad is a replica's load row for /snapshot.
+func snapshotLoad(model string, rec *loadRecord, r *replica, now, maxAge int64) *controlapi.ReplicaLoad {
+	if maxAge <= 0 {
+		maxAge = DefaultLoadMaxAge.Microseconds()
+	}
+	l := &controlapi.ReplicaLoad{
+		Model:                model,
+		WaitingRequests:      rec.Waiting,
+		RunningRequests:      rec.Running,
+		RoutedSinceReport:    r.load.routedReqs.Load(),
+		EstimatedQueueTokens: rec.estimate(r),
+		ReportedAt:           time.UnixMicro(rec.at).UTC(),
+		Fresh:                now-rec.at < maxAge,
+	}
+	if rec.QueuedTokens >= 0 {
+		q := rec.QueuedTokens
+		l.QueuedPrefillTokens = &q
+	}
+	return l
 }

@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/protobuf/proto"
 
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
@@ -48,6 +49,10 @@ type StatsScraper struct {
 	CacheSizeBytes int64
 	ClientVersion  string
 	Client         *http.Client // nil means http.DefaultClient
+	// QueuedTokensMetric names a gauge of the prefill tokens the engine
+	// still has queued, for engines (or exporters) that publish one; ""
+	// means none, and the server estimates the queue from waiting requests.
+	QueuedTokensMetric string
 
 	havePrev            bool
 	prevHits, prevQuery float64
@@ -98,20 +103,19 @@ func (s *StatsScraper) Parse(r io.Reader) (*icv1.ReplicaStats, error) {
 			break
 		}
 	}
-	var usage, load float64
+	var usage, running, waiting float64
+	var okR, okW bool
 	if sglang {
 		hr, _ := lookup(fams, sglangHitRate)
 		st.HitRate = clamp01(hr)
 		usage, _ = lookup(fams, sglangUsage)
-		r, _ := lookup(fams, sglangRunning)
-		q, _ := lookup(fams, sglangQueue)
-		load = r + q
+		running, okR = lookup(fams, sglangRunning)
+		waiting, okW = lookup(fams, sglangQueue)
 	} else {
 		st.HitRate = s.vllmHitRate(fams)
 		usage, _ = lookup(fams, vllmUsage)
-		r, _ := lookup(fams, vllmRunning)
-		w, _ := lookup(fams, vllmWaiting)
-		load = r + w
+		running, okR = lookup(fams, vllmRunning)
+		waiting, okW = lookup(fams, vllmWaiting)
 		if v, ok := lookup(fams, vllmT2Hits); ok {
 			st.T2HitTokens = int64(v)
 		}
@@ -119,7 +123,18 @@ func (s *StatsScraper) Parse(r io.Reader) (*icv1.ReplicaStats, error) {
 			st.T2QueryTokens = int64(v)
 		}
 	}
-	st.Pressure = clamp01(load / PressureCeiling)
+	st.Pressure = clamp01((running + waiting) / PressureCeiling)
+	// The live load (ReplicaStats 8-10) goes with every report that has
+	// the engine's request gauges, so the server can rank by queue.
+	if okR || okW {
+		st.WaitingRequests = proto.Int32(count(waiting))
+		st.RunningRequests = proto.Int32(count(running))
+		if s.QueuedTokensMetric != "" {
+			if q, ok := lookup(fams, []string{s.QueuedTokensMetric}); ok && !math.IsNaN(q) {
+				st.QueuedPrefillTokens = proto.Int64(int64(min(max(q, 0), math.MaxInt64/2)))
+			}
+		}
+	}
 	if !math.IsNaN(usage) {
 		st.CacheMemoryBytes = int64(float64(s.CacheSizeBytes) * min(max(usage, 0), 1))
 	}
@@ -175,6 +190,14 @@ func lookup(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// count converts a request gauge to an int32: NaN and negatives are 0.
+func count(v float64) int32 {
+	if !(v > 0) {
+		return 0
+	}
+	return int32(min(v, math.MaxInt32))
 }
 
 func clamp01(v float64) float32 {

@@ -19,7 +19,9 @@ const (
 	DefaultTopic            = "kv-events"
 	DefaultReconnectBackoff = time.Second
 	DefaultReplayTimeout    = 5 * time.Second
-	DefaultStatsInterval    = 10 * time.Second
+	// DefaultStatsInterval is 1 s, not the contract's 10 s: the scrape
+	// carries the live load that load-aware routing ranks by (docs/routing.md).
+	DefaultStatsInterval    = time.Second
 	DefaultShutdownTimeout  = 5 * time.Second
 	// ClientVersion is reported in ReplicaStats.client_version.
 	ClientVersion = "inferencecache-kvevent-subscriber/v1alpha1"
@@ -44,6 +46,8 @@ type Config struct {
 
 	// MetricsURL is the engine's Prometheus /metrics; "" disables stats.
 	MetricsURL string
+	// QueuedTokensMetric is StatsScraper.QueuedTokensMetric.
+	QueuedTokensMetric string
 	// CacheSizeBytes scales the engine's cache usage into
 	// ReplicaStats.cache_memory_bytes.
 	CacheSizeBytes int64
@@ -376,7 +380,7 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 
 // scrapeLoop sends engine stats every StatsInterval.
 func (s *Subscriber) scrapeLoop(ctx context.Context) {
-	sc := &StatsScraper{URL: s.cfg.MetricsURL, CacheSizeBytes: s.cfg.CacheSizeBytes, ClientVersion: ClientVersion}
+	sc := &StatsScraper{URL: s.cfg.MetricsURL, CacheSizeBytes: s.cfg.CacheSizeBytes, ClientVersion: ClientVersion, QueuedTokensMetric: s.cfg.QueuedTokensMetric}
 	tick := time.NewTicker(s.cfg.StatsInterval)
 	defer tick.Stop()
 	for {

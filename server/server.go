@@ -206,6 +206,7 @@ func New(cfg Config) (*Server, error) {
 		Load:       cfg.Load,
 	})
 	s.metrics.RegisterIndex(s.engine.Memory)
+	s.metrics.RegisterLoads(s.engine.Loads)
 	var idx rpc.Index = s.engine
 	if cfg.WrapIndex != nil {
 		idx = cfg.WrapIndex(idx)

@@ -53,6 +53,8 @@ func run(args []string) error {
 	fs.StringVar(&cfg.ReplayEndpoint, "engine-replay-endpoint", "", "engine ZMQ replay ROUTER endpoint (empty: gaps reset the replica)")
 	fs.StringVar(&cfg.Topic, "topic", kvevents.DefaultTopic, "ZMQ topic to subscribe to")
 	fs.StringVar(&cfg.MetricsURL, "engine-metrics-url", "", "engine Prometheus /metrics URL (empty: no stats)")
+	fs.DurationVar(&cfg.StatsInterval, "stats-interval", kvevents.DefaultStatsInterval, "how often engine stats and load are scraped and reported (one stats-only update per interval)")
+	fs.StringVar(&cfg.QueuedTokensMetric, "engine-queued-tokens-metric", "", "engine gauge of queued prefill tokens, if it exports one (empty: the server estimates from waiting requests)")
 	fs.Int64Var(&cfg.CacheSizeBytes, "engine-cache-size-bytes", 0, "engine KV cache size in bytes (scales the usage gauge)")
 	fs.IntVar(&cfg.BlockSize, "block-size", 16, "engine block size in tokens, for events that carry none")
 	fs.BoolVar(&cfg.L2, "ignore-block-removed", false, "an offload tier (L2) keeps evicted blocks: re-report them at T2 instead of evicting")

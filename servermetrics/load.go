@@ -1,0 +1,55 @@
+package servermetrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inferencecache/inferencecache/engine"
+)
+
+// Load-aware routing gauges (docs/metrics.md, docs/routing.md), read from
+// the engine at scrape time: one series per (tenant, model, replica) with a
+// fresh load report, so they come and go with the fleet.
+const (
+	NameReplicaQueueTokens      = "inferencecache_replica_queue_tokens"
+	NameReplicaInflightRequests = "inferencecache_replica_inflight_requests"
+)
+
+type loadCollector struct {
+	src      func(now int64, fn func(engine.LoadView))
+	queue    *prometheus.Desc
+	inflight *prometheus.Desc
+}
+
+// RegisterLoads adds the replica load gauges, fed by src (normally
+// engine.Engine.Loads) at scrape time. Call it once. Reading them takes no
+// lock.
+func (m *Metrics) RegisterLoads(src func(now int64, fn func(engine.LoadView))) {
+	labels := []string{"tenant_id", "model", "replica_id"}
+	m.reg.MustRegister(&loadCollector{
+		src: src,
+		queue: prometheus.NewDesc(NameReplicaQueueTokens,
+			"Prefill work, in tokens, the server estimates is queued ahead of a new request on the replica: its last load report, plus what the server routed there since, minus the prefills its KV events showed complete since. Only replicas with a fresh load report.",
+			labels, nil),
+		inflight: prometheus.NewDesc(NameReplicaInflightRequests,
+			"Requests in flight on the replica as load-aware routing sees them: waiting plus running from its last load report, plus the requests the server routed there since. Only replicas with a fresh load report.",
+			labels, nil),
+	})
+}
+
+func (c *loadCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.queue
+	ch <- c.inflight
+}
+
+func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
+	c.src(time.Now().UnixMicro(), func(v engine.LoadView) {
+		if !v.Fresh {
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, v.QueueTokens, v.Tenant, v.Model, v.Replica)
+		inflight := float64(v.Waiting) + float64(v.Running) + float64(v.RoutedSinceReport)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, inflight, v.Tenant, v.Model, v.Replica)
+	})
+}
