@@ -21,8 +21,8 @@ const (
 	DefaultReplayTimeout    = 5 * time.Second
 	// DefaultStatsInterval is 1 s, not the contract's 10 s: the scrape
 	// carries the live load that load-aware routing ranks by (docs/routing.md).
-	DefaultStatsInterval    = time.Second
-	DefaultShutdownTimeout  = 5 * time.Second
+	DefaultStatsInterval   = time.Second
+	DefaultShutdownTimeout = 5 * time.Second
 	// ClientVersion is reported in ReplicaStats.client_version.
 	ClientVersion = "inferencecache-kvevent-subscriber/v1alpha1"
 )
