@@ -34,16 +34,24 @@ type env struct {
 type envOpts struct {
 	tokenizer rpc.Tokenizer
 	blockSize int
+	// load enables load-aware routing with its defaults (the server's).
+	load bool
+	// now overrides the service clock.
+	now func() time.Time
 }
 
 func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	store := policy.NewStore()
-	e := engine.New(engine.Config{Policies: store})
+	cfg := engine.Config{Policies: store}
+	if o.load {
+		cfg.Load = engine.DefaultLoadConfig()
+	}
+	e := engine.New(cfg)
 	env := &env{e: e, store: store, obs: &recObserver{}, slow: &slowIndex{Index: e}}
 	svc, err := rpc.NewService(rpc.Config{
 		Index: env.slow, Policies: store, Observer: env.obs,
-		Tokenizer: o.tokenizer, BlockSize: o.blockSize, Logger: slog.New(slog.DiscardHandler),
+		Tokenizer: o.tokenizer, BlockSize: o.blockSize, Logger: slog.New(slog.DiscardHandler), Now: o.now,
 	})
 	if err != nil {
 		t.Fatal(err)

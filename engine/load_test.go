@@ -1,0 +1,386 @@
+package engine
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/inferencecache/inferencecache/policy"
+)
+
+// Load-aware routing (load.go, docs/routing.md): activation, the overload
+// bound, the TTFT cost and its ranking, the explore walk, and exactness
+// whenever loads say nothing.
+
+func newLoadTix(t *testing.T, cfg LoadConfig) *tix {
+	store := policy.NewStore()
+	return &tix{t: t, e: New(Config{Policies: store, Load: cfg}), store: store}
+}
+
+// load reports replica's load at server time now (µs); queued < 0 sends
+// none.
+func (x *tix) load(replica string, now int64, waiting, running int32, queued int64) {
+	x.e.Ingest(&Update{TenantID: "team", ModelID: "m", HashScheme: "vllm", ReplicaID: replica,
+		Stats: &ReplicaStats{Load: LoadStats{Reported: true, Waiting: waiting, Running: running, QueuedTokens: queued}}}, now)
+}
+
+// advise runs a lookup and the load-aware step the way the rpc handler
+// does (matched floor 0, routing floor 0): the contract pick is the top
+// score, or the affinity pin on a miss.
+func (x *tix) advise(req LookupRequest, now int64) (*LookupResult, LoadDecision, string) {
+	x.t.Helper()
+	if req.TenantID == "" {
+		req.TenantID, req.ModelID, req.HashScheme = "team", "m", "vllm"
+	}
+	res := &LookupResult{}
+	x.e.LookupRoute(&req, now, res)
+	seed := []byte(fmt.Sprint(req.BlockHashes))
+	var pick ContractPick
+	var pin string
+	if res.Strategy == StrategyPrefixMatch {
+		pick = PickOfScore(&res.Scores[0])
+	} else {
+		res.Scores = res.Scores[:0]
+		pin, pick, _ = x.e.AffinityPick(res, req.TenantID, req.ModelID, req.HashScheme, seed, AffinityContract)
+	}
+	var tokens int64
+	for _, c := range req.BlockTokenCounts {
+		tokens += int64(c)
+	}
+	d := x.e.AdviseByLoad(&req, now, res, pick, tokens)
+	switch d {
+	case LoadExplore:
+		pin, _, _ = x.e.AffinityPick(res, req.TenantID, req.ModelID, req.HashScheme, seed, AffinityExplore)
+	case LoadRerank:
+		pin = res.Scores[0].ReplicaID
+	case LoadKeep:
+		if res.Strategy == StrategyPrefixMatch {
+			pin = res.Scores[0].ReplicaID
+		}
+	}
+	return res, d, pin
+}
+
+func TestLoadActivationHysteresis(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig()) // MinQueue 4: on at 4 in flight, off below 2
+	now := tT
+	x.chain("a", now, 0, 1, 2)
+	x.chain("b", now, 0, 1, 2)
+	d := x.e.lookupDomain("team", "m")
+	steps := []struct {
+		waiting, running int32
+		want             bool
+	}{
+		{0, 0, false}, {1, 2, false}, {2, 2, true}, {0, 3, true}, {0, 2, true}, {1, 0, false}, {0, 3, false}, {4, 0, true},
+	}
+	for i, s := range steps {
+		now += 1_000_000
+		x.load("a", now, s.waiting, s.running, -1)
+		x.load("b", now, 0, 0, -1)
+		if got := d.loadActive.Load(); got != s.want {
+			t.Fatalf("step %d (a: %d waiting, %d running): active %v, want %v", i, s.waiting, s.running, got, s.want)
+		}
+	}
+	// A report older than MaxAge does not keep it on.
+	now += DefaultLoadMaxAge.Microseconds() + 1
+	x.load("b", now, 0, 0, -1)
+	if d.loadActive.Load() {
+		t.Fatal("a stale busy report kept load-awareness on")
+	}
+}
+
+// TestLoadCostRanking: the TTFT estimate (queue + PrefillWeight × uncached
+// tokens) decides; the contract's pick stands unless another replica is
+// both cheaper and less loaded, or the pick is overloaded.
+func TestLoadCostRanking(t *testing.T) {
+	type rep struct {
+		name             string
+		blocks           int   // leading blocks of the request held
+		waiting, running int32 // reported
+		queued           int64
+	}
+	cases := []struct {
+		name      string
+		reps      []rep
+		decision  LoadDecision
+		first     string
+		wantOrder []string
+		wantScore []float32
+	}{{
+		// α=16: a 64-token shorter match costs 1024 queue tokens; a queue of
+		// 20000 tokens outweighs it.
+		name:      "shorter match on an idle replica beats a longer one behind a long queue",
+		reps:      []rep{{"a", 8, 4, 1, 20000}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
+		decision:  LoadRerank,
+		first:     "b",
+		wantOrder: []string{"b", "a"},
+		wantScore: []float32{16 * 64, 0},
+	}, {
+		name:     "a short queue does not outweigh the saved prefill",
+		reps:     []rep{{"a", 8, 4, 1, 500}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
+		decision: LoadKeep,
+		first:    "a",
+	}, {
+		name:     "equal loads keep the contract",
+		reps:     []rep{{"a", 8, 4, 1, 900}, {"b", 4, 4, 1, 900}, {"c", 0, 4, 1, 900}},
+		decision: LoadKeep,
+		first:    "a",
+	}, {
+		// Every holder's queue costs more than recomputing the prompt on c.
+		name:     "explore when no holder is worth its queue",
+		reps:     []rep{{"a", 2, 4, 1, 90000}, {"b", 2, 4, 1, 90000}, {"c", 0, 0, 1, 0}},
+		decision: LoadExplore,
+		first:    "c",
+	}, {
+		// b's 40 in flight exceed max(1.25 × mean + 2√mean, 4): overloaded
+		// even with no queued tokens, so a takes the lead.
+		name:      "an overloaded pick yields",
+		reps:      []rep{{"a", 4, 0, 1, 0}, {"b", 8, 0, 40, 0}, {"c", 0, 0, 1, 0}},
+		decision:  LoadRerank,
+		first:     "a",
+		wantOrder: []string{"a", "b"},
+		wantScore: []float32{16 * 64, 0},
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			x := newLoadTix(t, DefaultLoadConfig())
+			now := tT
+			// The request: 10 blocks of 16 tokens; c holds an unrelated key
+			// so that it serves the scheme.
+			req := chainReq(1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+			for _, r := range tc.reps {
+				if r.blocks > 0 {
+					x.chain(r.name, now, 0, []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}[:r.blocks]...)
+				} else {
+					x.chain(r.name, now, 0, 999)
+				}
+			}
+			for _, r := range tc.reps {
+				x.load(r.name, now, r.waiting, r.running, r.queued)
+			}
+			res, d, first := x.advise(req, now)
+			if d != tc.decision || first != tc.first {
+				t.Fatalf("decision %v first %q, want %v %q (scores %+v)", d, first, tc.decision, tc.first, res.Scores)
+			}
+			if tc.wantOrder != nil {
+				var order []string
+				var scores []float32
+				for _, s := range res.Scores {
+					order = append(order, s.ReplicaID)
+					scores = append(scores, s.Score)
+				}
+				if !slices.Equal(order, tc.wantOrder) || !slices.Equal(scores, tc.wantScore) {
+					t.Fatalf("ranked %v scores %v, want %v %v", order, scores, tc.wantOrder, tc.wantScore)
+				}
+			}
+			for i := 1; i < len(res.Scores); i++ {
+				if res.Scores[i].Score > res.Scores[i-1].Score {
+					t.Fatalf("scores not monotone: %+v", res.Scores)
+				}
+			}
+		})
+	}
+}
+
+// TestLoadEqualOrUnknownLoadsAreExact: with load-awareness active but
+// equal loads, with pressure-only replicas, or with load-aware routing off,
+// every decision keeps the contract's answer and the explore walk picks
+// the contract's pin.
+func TestLoadEqualOrUnknownLoadsAreExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, mode := range []string{"equal", "pressure-only", "off"} {
+		cfg := DefaultLoadConfig()
+		if mode == "off" {
+			cfg.Enabled = false
+		}
+		x := newLoadTix(t, cfg)
+		now := tT
+		names := []string{"r0", "r1", "r2", "r3", "r4", "r5"}
+		for i := 0; i < 200; i++ {
+			n := 1 + rng.IntN(6)
+			var hs []uint64
+			for j := 0; j < n; j++ {
+				hs = append(hs, uint64(rng.IntN(4)*100+j))
+			}
+			x.chain(names[rng.IntN(len(names))], now-int64(rng.IntN(600))*1_000_000, 0, hs...)
+		}
+		for i, n := range names {
+			switch mode {
+			case "equal", "off":
+				x.load(n, now, 6, 3, 5000)
+			case "pressure-only":
+				x.stats(n, now, 0.5, float32(i)/10)
+			}
+		}
+		for i := 0; i < 500; i++ {
+			n := 1 + rng.IntN(6)
+			var hs []uint64
+			for j := 0; j < n; j++ {
+				hs = append(hs, uint64(rng.IntN(5)*100+j))
+			}
+			req := chainReq(hs...)
+			contract := x.lookup(req)
+			res, d, _ := x.advise(req, tT)
+			if d != LoadKeep {
+				t.Fatalf("%s: lookup %v: decision %v, want keep", mode, hs, d)
+			}
+			if !slices.EqualFunc(res.Scores, contract.Scores, func(a, b Score) bool { return a == b }) && res.Strategy == StrategyPrefixMatch {
+				t.Fatalf("%s: scores changed: %+v vs %+v", mode, res.Scores, contract.Scores)
+			}
+			seed := []byte(fmt.Sprint(req.BlockHashes))
+			want, _ := x.e.AffinityHint("team", "m", "vllm", seed)
+			got, _, _ := x.e.AffinityPick(res, "team", "m", "vllm", seed, AffinityExplore)
+			if got != want {
+				t.Fatalf("%s: explore walk picked %q, contract %q", mode, got, want)
+			}
+		}
+	}
+}
+
+// TestBoundedLoadAffinity: with equal loads the walk is the contract's
+// pick; an overloaded replica's keys move to the next replica in ring
+// order, and only those; the answer is stable across calls.
+func TestBoundedLoadAffinity(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	names := []string{"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"}
+	for i, n := range names {
+		x.chain(n, now, 0, uint64(1000+i))
+	}
+	for _, n := range names {
+		x.load(n, now, 0, 3, 0)
+	}
+	x.load("r3", now, 0, 30, 0) // overloaded: 30 > max(1.25 × 6.4 + 2√6.4, 4)
+	moved := 0
+	for i := 0; i < 2000; i++ {
+		req := chainReq(uint64(50_000 + i)) // a miss: the affinity branch
+		seed := []byte(fmt.Sprint(req.BlockHashes))
+		contract, _ := x.e.AffinityHint("team", "m", "vllm", seed)
+		for rep := 0; rep < 2; rep++ {
+			_, d, got := x.advise(req, now)
+			want := contract
+			if contract == "r3" {
+				want = "r4"
+				if d != LoadExplore {
+					t.Fatalf("pin r3 overloaded: decision %v", d)
+				}
+			}
+			if got != want {
+				t.Fatalf("seed %d (call %d): pick %q, want %q (contract %q)", i, rep, got, want, contract)
+			}
+		}
+		if contract == "r3" {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no key was pinned to the overloaded replica; the test proves nothing")
+	}
+}
+
+// TestLoadExploreLeavesTheRing: a replica that reports load for the
+// scheme but holds none of its keys is where a cold request goes when the
+// ring is overloaded (otherwise herding onto the only holder never ends).
+func TestLoadExploreLeavesTheRing(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("hot", now, 0, 1, 2, 3)
+	x.load("hot", now, 0, 12, 0)
+	x.load("idle-a", now, 0, 0, 0)
+	x.load("idle-b", now, 0, 0, 0)
+	_, d, first := x.advise(chainReq(1, 2, 3, 4), now)
+	if d != LoadExplore || first != "idle-a" {
+		t.Fatalf("decision %v first %q, want explore to idle-a", d, first)
+	}
+}
+
+// TestLoadQueueEstimate: the reported queue, plus what was routed since,
+// minus what KV events show stored since; counts-only reports price
+// waiting requests at the mean routed request.
+func TestLoadQueueEstimate(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1)
+	x.load("a", now, 2, 4, 1000)
+	est := func() float64 {
+		var q float64
+		x.e.Loads(now, func(v LoadView) {
+			if v.Replica == "a" {
+				q = v.QueueTokens
+			}
+		})
+		return q
+	}
+	if q := est(); q != 1000 {
+		t.Fatalf("reported queue: %v", q)
+	}
+	res := &LookupResult{}
+	x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, now, res)
+	x.e.NoteRouted(res, PickOfScore(&res.Scores[0]), 300, now)
+	if q := est(); q != 1300 {
+		t.Fatalf("after routing 300 uncached tokens: %v", q)
+	}
+	x.chain("a", now, 0, 1, 2, 3) // two new blocks of 16 tokens
+	if q := est(); q != 1300-32 {
+		t.Fatalf("after two stored blocks: %v", q)
+	}
+	x.chain("a", now, 0, 1, 2, 3) // a re-report stores nothing new
+	if q := est(); q != 1300-32 {
+		t.Fatalf("after a re-report: %v", q)
+	}
+	// A counts-only report prices its waiting requests at the mean routed
+	// request (300), but keeps what was routed and not yet seen stored.
+	x.load("a", now, 3, 4, -1)
+	if q := est(); q != 1300-32 {
+		t.Fatalf("counts-only report after an unfinished queue: %v", q)
+	}
+	x.chain("a", now, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86)
+	x.load("a", now, 3, 4, -1) // everything routed is stored: the waiting count rules
+	if q := est(); q != 3*300 {
+		t.Fatalf("counts-only report once the routed work is stored: %v", q)
+	}
+	x.load("a", now, 0, 0, -1) // idle
+	if q := est(); q != 0 {
+		t.Fatalf("idle counts-only report: %v", q)
+	}
+}
+
+// TestLoadAwareAllocs: the lookup path with load-awareness active
+// allocates nothing once its scratch is warm.
+func TestLoadAwareAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	for i := 0; i < 8; i++ {
+		n := fmt.Sprintf("r%d", i)
+		x.chain(n, now, 0, 1, 2, 3, uint64(10+i))
+		x.load(n, now, int32(i), 4, int64(1000*i))
+	}
+	reqs := []LookupRequest{chainReq(1, 2, 3, 10), chainReq(1, 2, 3, 17), chainReq(77, 78)}
+	res := &LookupResult{}
+	seed := []byte("seed")
+	run := func() {
+		for i := range reqs {
+			req := &reqs[i]
+			req.TenantID, req.ModelID, req.HashScheme = "team", "m", "vllm"
+			x.e.LookupRoute(req, now, res)
+			var pick ContractPick
+			if res.Strategy == StrategyPrefixMatch {
+				pick = PickOfScore(&res.Scores[0])
+			} else {
+				_, pick, _ = x.e.AffinityPick(res, "team", "m", "vllm", seed, AffinityContract)
+			}
+			if x.e.AdviseByLoad(req, now, res, pick, 64) == LoadExplore {
+				_, pick, _ = x.e.AffinityPick(res, "team", "m", "vllm", seed, AffinityExplore)
+			}
+			x.e.NoteRouted(res, pick, 16, now)
+		}
+	}
+	run()
+	if n := testing.AllocsPerRun(200, run); n != 0 {
+		t.Fatalf("load-aware lookup allocates %v times per run", n)
+	}
+}

@@ -1,0 +1,162 @@
+package rpc_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/inferencecache/inferencecache/policy"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+)
+
+// Load-aware routing through the real handler over loopback gRPC
+// (docs/routing.md; engine/load_test.go covers the mechanism).
+
+// loadStats is a stats-only update carrying load for replica.
+func loadStats(tenant, replica string, waiting, running int32, queued int64) *pb.CacheStateUpdate {
+	st := &pb.ReplicaStats{WaitingRequests: proto.Int32(waiting), RunningRequests: proto.Int32(running)}
+	if queued >= 0 {
+		st.QueuedPrefillTokens = proto.Int64(queued)
+	}
+	return &pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: replica, Stats: st}
+}
+
+func (env *env) chainLookup(t *testing.T, tenant string, hs [][]byte, cs []int32) *pb.LookupRouteResponse {
+	t.Helper()
+	resp, err := env.client.LookupRoute(ctx(t), &pb.LookupRouteRequest{TenantId: tenant, ModelId: model, HashScheme: scheme, BlockHashes: hs, BlockTokenCounts: cs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// TestLoadAwareLookupRoute: with r1 (the longest match) behind a long
+// queue the answer's first replica is r2; a cold request goes to the least
+// loaded replica as AFFINITY_HINT; once the queue clears the contract's
+// answer is back; load-aware routing off never changes an answer.
+func TestLoadAwareLookupRoute(t *testing.T) {
+	const tenant = "team"
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("load-aware=%v", on), func(t *testing.T) {
+			frozen := time.Now()
+			env := newEnv(t, envOpts{load: on, now: func() time.Time { return frozen }})
+			env.policies(t, policy.ResolvedPolicy{Namespace: tenant, MinimumMatchedTokens: 16})
+			env.seed(t, tenant) // r1: A×8, r2: A×2, r3: B×8
+			a, ac := chainOf(chainA, 8)
+			contract := env.chainLookup(t, tenant, a, ac)
+			if got := replicaIDs(contract); !slices.Equal(got, []string{"r1", "r2"}) || contract.ReasonCode != "PREFIX_MATCH" {
+				t.Fatalf("idle: %s %v", contract.ReasonCode, got)
+			}
+			// Idle load reports change nothing (no replica has 4 in flight).
+			env.report(t, loadStats(tenant, "r1", 0, 1, 0), loadStats(tenant, "r2", 0, 0, 0), loadStats(tenant, "r3", 0, 0, 0))
+			if got := env.chainLookup(t, tenant, a, ac); !proto.Equal(withoutLatency(got), withoutLatency(contract)) {
+				t.Fatalf("idle load changed the answer: %v vs %v", got, contract)
+			}
+			// r1 is 200k tokens behind: r2's 32 matched tokens win.
+			env.report(t, loadStats(tenant, "r1", 20, 8, 200_000))
+			got := env.chainLookup(t, tenant, a, ac)
+			if !on {
+				if !proto.Equal(withoutLatency(got), withoutLatency(contract)) {
+					t.Fatalf("load-aware off changed the answer: %v", got)
+				}
+				return
+			}
+			if ids := replicaIDs(got); got.ReasonCode != "PREFIX_MATCH" || !slices.Equal(ids, []string{"r2", "r1"}) {
+				t.Fatalf("r1 behind a long queue: %s %v", got.ReasonCode, ids)
+			}
+			if s := got.ReplicaScores; s[0].Score <= s[1].Score || s[0].MatchedTokens != 32 || s[1].MatchedTokens != 128 {
+				t.Fatalf("scores %v", s)
+			}
+			// A cold request (nobody holds chain C): the contract pins by
+			// hash; with r1 far busier the pin avoids it.
+			c, cc := chainOf(chainC, 4)
+			for i := 0; i < 50; i++ {
+				c[0] = hashOf(chainC+100+i, 0)
+				cold := env.chainLookup(t, tenant, c, cc)
+				if cold.ReasonCode != "AFFINITY_HINT" || len(cold.ReplicaScores) != 1 || cold.ReplicaScores[0].ReplicaId == "r1" {
+					t.Fatalf("cold request: %s %v", cold.ReasonCode, replicaIDs(cold))
+				}
+				checkAffinityZeros(t, cold)
+			}
+			// The queue clears: below half of the minimum queue everywhere,
+			// load-awareness turns off and the contract's answer is back.
+			env.report(t, loadStats(tenant, "r1", 0, 1, 0), loadStats(tenant, "r2", 0, 0, 0), loadStats(tenant, "r3", 0, 0, 0))
+			if got := env.chainLookup(t, tenant, a, ac); !proto.Equal(withoutLatency(got), withoutLatency(contract)) {
+				t.Fatalf("after the queue cleared: %v vs %v", got, contract)
+			}
+		})
+	}
+}
+
+func withoutLatency(r *pb.LookupRouteResponse) *pb.LookupRouteResponse {
+	c := proto.Clone(r).(*pb.LookupRouteResponse)
+	c.LookupLatencyUs = 0
+	return c
+}
+
+// TestLoadAwareEqualLoadsDifferential: two servers fed the same random
+// reports, one with load-aware routing: while every replica's load is the
+// same (busy enough to activate load-awareness), and for pressure-only
+// replicas, every answer (reason, order, scores, matched tokens,
+// probabilities, tiers) is identical. A delivered answer counts as routed
+// load on its first replica, so the equal loads are re-reported before
+// each lookup.
+func TestLoadAwareEqualLoadsDifferential(t *testing.T) {
+	frozen := time.Now()
+	clock := func() time.Time { return frozen }
+	on, off := newEnv(t, envOpts{load: true, now: clock}), newEnv(t, envOpts{now: clock})
+	rng := rand.New(rand.NewPCG(3, 9))
+	replicas := []string{"r0", "r1", "r2", "r3", "r4"}
+	tenants := []string{"t1", "t2"}
+	now := frozen.UnixMicro()
+	for i := 0; i < 150; i++ {
+		tenant, rep := tenants[rng.IntN(2)], replicas[rng.IntN(len(replicas))]
+		hs, cs := chainOf(rng.IntN(6), 1+rng.IntN(8))
+		u := &pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: rep,
+			TimestampUs: now - int64(rng.IntN(900))*1_000_000, Prefixes: []*pb.PrefixEntry{{BlockHashes: hs, BlockTokenCounts: cs}}}
+		if rng.IntN(4) == 0 {
+			u.Stats = &pb.ReplicaStats{HitRate: rng.Float32(), Pressure: rng.Float32()}
+		}
+		on.report(t, u)
+		off.report(t, u)
+	}
+	equalLoads := func() { // t1: equal busy loads; t2: pressure only
+		var us []*pb.CacheStateUpdate
+		for _, rep := range replicas {
+			us = append(us, loadStats("t1", rep, 6, 10, 40_000))
+		}
+		on.report(t, us...)
+		off.report(t, us...)
+	}
+	checked := 0
+	for i := 0; i < 400; i++ {
+		equalLoads()
+		tenant := tenants[rng.IntN(2)]
+		hs, cs := chainOf(rng.IntN(8), 1+rng.IntN(10))
+		req := &pb.LookupRouteRequest{TenantId: tenant, ModelId: model, HashScheme: scheme, BlockHashes: hs, BlockTokenCounts: cs}
+		if rng.IntN(3) == 0 {
+			req = &pb.LookupRouteRequest{TenantId: tenant, ModelId: model, HashScheme: scheme, PrefixHash: hs[len(hs)-1], PrefixTokenCount: 16 * int32(len(hs))}
+		}
+		a, err := on.client.LookupRoute(ctx(t), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := off.client.LookupRoute(ctx(t), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(withoutLatency(a), withoutLatency(b)) {
+			t.Fatalf("lookup %d (%v): load-aware %v, contract %v", i, req, a, b)
+		}
+		if len(a.ReplicaScores) > 0 {
+			checked++
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("only %d answers named replicas; the comparison proves little", checked)
+	}
+}
