@@ -172,3 +172,42 @@ func TestParseLoRAAdapters(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsLoadFields: the request gauges become ReplicaStats 8-9 (the live
+// load), queued prefill tokens only from a configured gauge; an engine
+// without the gauges reports no load at all (pressure-only).
+func TestStatsLoadFields(t *testing.T) {
+	s := &StatsScraper{}
+	st, err := s.Parse(strings.NewReader(vllmExposition(1, 2, 0, 0, 3, 5, 0.1, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.WaitingRequests == nil || st.GetWaitingRequests() != 5 || st.RunningRequests == nil || st.GetRunningRequests() != 3 || st.QueuedPrefillTokens != nil {
+		t.Fatalf("vLLM load: waiting %v running %v queued %v", st.WaitingRequests, st.RunningRequests, st.QueuedPrefillTokens)
+	}
+
+	s = &StatsScraper{QueuedTokensMetric: "engine:queued_prefill_tokens"}
+	text := vllmExposition(1, 2, 0, 0, 3, 5, 0.1, true) + "# TYPE engine:queued_prefill_tokens gauge\nengine:queued_prefill_tokens 12345\n"
+	if st, err = s.Parse(strings.NewReader(text)); err != nil {
+		t.Fatal(err)
+	}
+	if st.GetQueuedPrefillTokens() != 12345 {
+		t.Fatalf("queued tokens gauge: %v", st.QueuedPrefillTokens)
+	}
+
+	sg := "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 7\n# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs -2\n"
+	if st, err = (&StatsScraper{}).Parse(strings.NewReader(sg)); err != nil {
+		t.Fatal(err)
+	}
+	if st.GetRunningRequests() != 7 || st.WaitingRequests == nil || st.GetWaitingRequests() != 0 {
+		t.Fatalf("SGLang load (negative gauge read as 0): %v", st)
+	}
+
+	none := "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.2\n"
+	if st, err = (&StatsScraper{}).Parse(strings.NewReader(none)); err != nil {
+		t.Fatal(err)
+	}
+	if st.WaitingRequests != nil || st.RunningRequests != nil {
+		t.Fatalf("no request gauges but load reported: %v", st)
+	}
+}
