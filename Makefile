@@ -66,8 +66,9 @@ profile: ## Profile the server under a fixed loadgen scenario into profiles/ (CP
 	done
 
 .PHONY: bench-report
-bench-report: ## Regenerate the routing-quality simulator report (bench/results).
-	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation
+bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity) and the chat, rag and shared-prompt workloads.
+	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation -sensitivity
+	for w in chat rag shared-prompt; do $(GO) run ./cmd/bench -workload $$w -out bench/results -name $$w > /dev/null; done
 
 .PHONY: clean
 clean: ## Remove build output.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -45,6 +46,7 @@ func (r *Report) WriteMarkdown(w io.Writer, svgPath string) error {
 		}
 		p("| *pooled LRU bound* | %s | %s | 100.00 | — | — | — | — |\n\n",
 			pct(s.Pooled.TokenHitRatio()), pct(s.Pooled.BlockHitRatio()))
+		s.writeVersusBest(p)
 	}
 	p("Columns: token hit %% = cached prompt tokens / prompt tokens; block hit %% = cached blocks / blocks\n")
 	p("(a request hits the leading run of its chain cached on its replica when its prefill starts);\n")
@@ -57,3 +59,48 @@ func (r *Report) WriteMarkdown(w io.Writer, svgPath string) error {
 func pct(f float64) string { return fmt.Sprintf("%.2f", 100*f) }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.3f s", d.Seconds()) }
+
+// isBaseline reports whether a policy is a baseline rather than one of this
+// project's rows.
+func isBaseline(name string) bool { return !strings.HasPrefix(name, EnginePolicyName) }
+
+// writeVersusBest summarizes the default row against the best baseline
+// figure of each column (each column's best may come from another
+// baseline): the comparison the routing targets are stated in.
+func (s *SizeReport) writeVersusBest(p func(string, ...any)) {
+	var ours *Result
+	var bestHit, bestP50, bestP99 *Result
+	for i := range s.Results {
+		r := &s.Results[i]
+		if r.Policy == EnginePolicyName {
+			ours = r
+		}
+		if !isBaseline(r.Policy) {
+			continue
+		}
+		if bestHit == nil || r.BlockHitRatio() > bestHit.BlockHitRatio() {
+			bestHit = r
+		}
+		if bestP50 == nil || r.TTFTP50 < bestP50.TTFTP50 {
+			bestP50 = r
+		}
+		if bestP99 == nil || r.TTFTP99 < bestP99.TTFTP99 {
+			bestP99 = r
+		}
+	}
+	if ours == nil || bestHit == nil {
+		return
+	}
+	p("`%s` against the best baseline of each column: %s %% of the pooled bound (best baseline %s %%, %s); "+
+		"TTFT p50 %.3f× (%s), p99 %.3f× (%s); imbalance mean %.2f.\n\n",
+		EnginePolicyName, pct(s.FractionOfPooled(ours)), pct(s.FractionOfPooled(bestHit)), bestHit.Policy,
+		ratioOf(ours.TTFTP50, bestP50.TTFTP50), bestP50.Policy, ratioOf(ours.TTFTP99, bestP99.TTFTP99), bestP99.Policy,
+		ours.ImbalanceMean)
+}
+
+func ratioOf(a, b time.Duration) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}

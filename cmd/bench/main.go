@@ -45,6 +45,7 @@ func run(args []string, stdout io.Writer) error {
 		sizes     = fs.String("cache-blocks", "1000,4000", "comma-separated cache sizes per replica, in blocks")
 		out       = fs.String("out", "bench/results", "output directory")
 		name      = fs.String("name", "", "base name of the output files (default: the workload)")
+		sens      = fs.Bool("sensitivity", false, "also write <name>-sensitivity.md: inferencecache at event lags 0-1 s and stats intervals 0.5-10 s")
 		cfg       = def
 	)
 	fs.IntVar(&cfg.Replicas, "replicas", def.Replicas, "number of replicas")
@@ -112,6 +113,15 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if err := rep.WriteFiles(*out, *name); err != nil {
 		return err
+	}
+	if *sens {
+		srep, err := bench.RunSensitivity(cfg, bench.DefaultSensitivityLags, bench.DefaultSensitivityIntervals)
+		if err != nil {
+			return err
+		}
+		if err := srep.WriteFile(*out, *name); err != nil {
+			return err
+		}
 	}
 	return rep.WriteMarkdown(stdout, "")
 }
