@@ -219,3 +219,29 @@ func (r *Report) WriteFiles(dir, name string) error {
 	}
 	return write(filepath.Join(dir, name+".md"), func(f *os.File) error { return r.WriteMarkdown(f, svgName) })
 }
+
+// Synthetic generates one of the synthetic request streams cmd/bench
+// offers (chat, rag, shared-prompt) with its defaults and seed, and names
+// it for reports.
+func Synthetic(kind string, seed uint64) (name string, reqs []workload.Request, err error) {
+	switch kind {
+	case "chat":
+		c := workload.DefaultChat()
+		c.Seed = seed
+		reqs, err = c.Generate()
+		name = "synthetic multi-turn chat"
+	case "rag":
+		c := workload.DefaultRAG()
+		c.Seed = seed
+		reqs, err = c.Generate()
+		name = "synthetic RAG"
+	case "shared-prompt":
+		c := workload.DefaultSharedPrompt()
+		c.Seed = seed
+		reqs, err = c.Generate()
+		name = "synthetic single-turn behind a shared system prompt"
+	default:
+		return "", nil, fmt.Errorf("%w: unknown synthetic workload %q", ErrConfig, kind)
+	}
+	return name, reqs, err
+}

@@ -34,9 +34,10 @@ const (
 // (one legacy prefix entry per block with its cumulative token count;
 // removals as PREFIX_EVICTED; clears as ALL_CLEARED). Load reaches it the
 // way the subscriber and the server see it: a stats report per replica
-// every StatsInterval (waiting and running requests, queued prefill
-// tokens, and pressure = in flight/256), sampled exactly and delivered
-// StatsLag later; between reports the server counts what it routed itself.
+// every StatsInterval (waiting and running requests, as stock vLLM and
+// SGLang export them, and pressure = in flight/256), sampled exactly and
+// delivered StatsLag later; between reports the server counts what it
+// routed itself and what KV events show stored.
 // The gateway side takes the first ranked replica (PREFIX_MATCH,
 // TENANT_HOT or AFFINITY_HINT) and falls back to least loaded on NO_HINT.
 func EnginePolicy() Policy {
@@ -66,10 +67,12 @@ type EngineOptions struct {
 	// StatsInterval and StatsLag override DefaultStatsInterval and
 	// DefaultStatsLag when positive (StatsLag < 0 means no lag).
 	StatsInterval, StatsLag time.Duration
-	// CountsOnly reports waiting and running requests without queued
-	// prefill tokens, as a scrape of vLLM's metrics does; the server then
-	// prices waiting requests by the mean size of what it routed.
-	CountsOnly bool
+	// QueuedTokens also reports the replica's queued prefill tokens (an
+	// engine that exports them, --engine-queued-tokens-metric). Without it
+	// the reports carry waiting and running requests only, as a scrape of
+	// stock vLLM or SGLang metrics does, and the server estimates the
+	// queue from them and from what it routed.
+	QueuedTokens bool
 }
 
 // EnginePolicyWith is EnginePolicy under another name with options.
@@ -81,7 +84,7 @@ func EnginePolicyWith(name string, opt EngineOptions) Policy {
 		}
 		load.Enabled = !opt.ContractOnly
 		r := newEngineRouter(n, load)
-		r.name, r.refresh, r.countsOnly = name, opt.Refresh, opt.CountsOnly
+		r.name, r.refresh, r.queuedTokens = name, opt.Refresh, opt.QueuedTokens
 		r.statsEvery, r.statsLag = DefaultStatsInterval, DefaultStatsLag
 		if opt.StatsInterval > 0 {
 			r.statsEvery = opt.StatsInterval
@@ -98,12 +101,6 @@ func EnginePolicyWith(name string, opt EngineOptions) Policy {
 		}
 		return r
 	}}
-}
-
-// affinityOff is the contract's defaults with affinityRouting Disabled.
-func affinityOff() *policy.ResolvedPolicy {
-	off, floor := false, policy.DefaultRoutingFloorScore
-	return &policy.ResolvedPolicy{MinimumMatchedTokens: policy.DefaultMinimumMatchedTokens, RoutingFloorScore: &floor, AffinityRouting: &off}
 }
 
 type engineRouter struct {
@@ -124,7 +121,7 @@ type engineRouter struct {
 	// Load reports: sampled every statsEvery, delivered statsLag later
 	// (pending, in delivery order).
 	statsEvery, statsLag time.Duration
-	countsOnly           bool
+	queuedTokens         bool
 	pending              []statsSample
 	// Scratch reused across calls.
 	req     pb.LookupRouteRequest
@@ -237,7 +234,7 @@ func (r *engineRouter) deliverStats(now time.Duration) {
 			Pressure: min(float32(p.load.InFlight())/256, 1),
 			Load:     engine.LoadStats{Reported: true, Waiting: int32(p.load.Waiting), Running: int32(p.load.Running), QueuedTokens: int64(p.load.PendingPrefillTokens)},
 		}
-		if r.countsOnly {
+		if !r.queuedTokens {
 			st.Load.QueuedTokens = -1
 		}
 		r.eng.Ingest(&engine.Update{ReplicaID: r.names[p.replica], TenantID: engineTenant, ModelID: engineModel, HashScheme: engineScheme, TimestampUs: at, Stats: st}, r.micros())

@@ -33,8 +33,9 @@ func leastLoaded(v *View) int {
 }
 
 // DefaultPolicies returns the policies compared by Run, in report order:
-// this project's LookupRoute (EnginePolicy) and its no-refresh and
-// affinity-off variants, then the baselines random, round-robin,
+// this project's LookupRoute (EnginePolicy), then with load-aware routing
+// off (the contract's ranking) and with engines that also export queued
+// prefill tokens, then the baselines random, round-robin,
 // least-loaded, longest-prefix, Dynamo's cost function and SGLang's
 // cache-aware policy (with its own approximate tree, then with the
 // event-fed index), each with its documented defaults.
@@ -42,7 +43,7 @@ func DefaultPolicies() []Policy {
 	return []Policy{
 		EnginePolicy(),
 		EnginePolicyWith(EnginePolicyName+"-contract", EngineOptions{Refresh: DefaultRefresh, ContractOnly: true}),
-		EnginePolicyWith(EnginePolicyName+"-counts", EngineOptions{Refresh: DefaultRefresh, CountsOnly: true}),
+		EnginePolicyWith(EnginePolicyName+"-queued-tokens", EngineOptions{Refresh: DefaultRefresh, QueuedTokens: true}),
 		RandomPolicy(),
 		RoundRobinPolicy(),
 		LeastLoadedPolicy(),

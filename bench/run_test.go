@@ -200,13 +200,13 @@ func TestMooncakePublishedFigures(t *testing.T) {
 	f(8000, 17.76)
 }
 
-// TestCommittedResults regenerates bench/results/conversation.{md,svg}
-// from the shared Mooncake trace with cmd/bench's defaults and requires the
-// committed files to match, so the published table always comes from the
-// code in the tree. It also checks ordering facts the results README
-// relies on. Regenerate with
+// TestCommittedResults regenerates bench/results from the shared Mooncake
+// trace and the synthetic workloads with cmd/bench's defaults (what `make
+// bench-report` runs) and requires the committed files to match, so the
+// published tables always come from the code in the tree. It also checks
+// ordering facts the results README relies on. Regenerate with
 //
-//	go run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation
+//	make bench-report
 //
 // or: go test ./bench -run CommittedResults -rewrite
 func TestCommittedResults(t *testing.T) {
@@ -215,35 +215,63 @@ func TestCommittedResults(t *testing.T) {
 		// TestRunDeterministic, which does run under the race detector.
 		t.Skip("full-trace golden check skipped under the race detector (slow)")
 	}
+	dir := filepath.Join("results")
+	if !*rewrite {
+		dir = t.TempDir()
+	}
+	check := func(names ...string) {
+		t.Helper()
+		for _, name := range names {
+			got, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := os.ReadFile(filepath.Join("results", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("results/%s is stale; regenerate it (see the test's doc):\n%s", name, got)
+			}
+		}
+	}
+	for _, kind := range []string{"chat", "rag", "shared-prompt"} {
+		name, reqs, err := Synthetic(kind, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Run(DefaultConfig(name, reqs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rep.WriteFiles(dir, kind); err != nil {
+			t.Fatal(err)
+		}
+		check(kind+".md", kind+".svg")
+	}
+
 	path := sharedTrace(t)
 	reqs, err := workload.LoadTrace(path, workload.MooncakeBlockSize, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Run(DefaultConfig("trace "+filepath.Base(path), reqs))
+	cfg := DefaultConfig("trace "+filepath.Base(path), reqs)
+	rep, err := Run(cfg)
 	if err != nil {
 		t.Fatal(err)
-	}
-	dir := filepath.Join("results")
-	if !*rewrite {
-		dir = t.TempDir()
 	}
 	if err := rep.WriteFiles(dir, "conversation"); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"conversation.md", "conversation.svg"} {
-		got, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := os.ReadFile(filepath.Join("results", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Fatalf("results/%s is stale; regenerate it (see the test's doc):\n%s", name, got)
-		}
+	check("conversation.md", "conversation.svg")
+	srep, err := RunSensitivity(cfg, DefaultSensitivityLags, DefaultSensitivityIntervals)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if err := srep.WriteFile(dir, "conversation"); err != nil {
+		t.Fatal(err)
+	}
+	check("conversation-sensitivity.md")
 	for _, s := range rep.Sizes {
 		byName := map[string]Result{}
 		for _, r := range s.Results {

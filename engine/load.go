@@ -100,6 +100,10 @@ type loadRecord struct {
 	// queue is the prefill work the report says is queued (tokens):
 	// QueuedTokens, or Waiting priced at the mean routed request.
 	queue float64
+	// unstored (counts-only reports) is what this server routed to the
+	// replica and has not seen stored yet, carried across reports while
+	// the engine has requests in flight.
+	unstored float64
 	// scheme is the hash scheme the report came with: a replica that
 	// reports load for a scheme is a place to compute that scheme's
 	// prompts even before it holds any key of it.
@@ -174,11 +178,10 @@ func (e *Engine) applyLoadLocked(r *replica, ls LoadStats, scheme string, now in
 		// request, but keep what this server routed and has not yet seen
 		// stored (a prefill in progress is "running", not waiting), up to
 		// the requests in flight.
-		per := r.load.reqTokens.load()
-		rec.queue = float64(rec.Waiting) * per
 		if prev != nil && rec.Waiting+rec.Running > 0 {
-			rec.queue = max(rec.queue, prev.queue+float64(routed-stored))
+			rec.unstored = max(prev.unstored+float64(routed-stored), 0)
 		}
+		rec.queue = max(float64(rec.Waiting)*r.load.reqTokens.load(), rec.unstored)
 	}
 	r.load.report.Store(rec)
 }

@@ -315,9 +315,12 @@ func TestLoadQueueEstimate(t *testing.T) {
 	if q := est(); q != 1000 {
 		t.Fatalf("reported queue: %v", q)
 	}
-	res := &LookupResult{}
-	x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, now, res)
-	x.e.NoteRouted(res, PickOfScore(&res.Scores[0]), 300, now)
+	route := func(uncached int64) {
+		res := &LookupResult{}
+		x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, now, res)
+		x.e.NoteRouted(res, PickOfScore(&res.Scores[0]), uncached, now)
+	}
+	route(300)
 	if q := est(); q != 1300 {
 		t.Fatalf("after routing 300 uncached tokens: %v", q)
 	}
@@ -330,17 +333,30 @@ func TestLoadQueueEstimate(t *testing.T) {
 		t.Fatalf("after a re-report: %v", q)
 	}
 	// A counts-only report prices its waiting requests at the mean routed
-	// request (300), but keeps what was routed and not yet seen stored.
+	// request (300 so far), and carries what was routed and not yet seen
+	// stored (268) if that is more.
 	x.load("a", now, 3, 4, -1)
-	if q := est(); q != 1300-32 {
-		t.Fatalf("counts-only report after an unfinished queue: %v", q)
-	}
-	x.chain("a", now, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86)
-	x.load("a", now, 3, 4, -1) // everything routed is stored: the waiting count rules
 	if q := est(); q != 3*300 {
-		t.Fatalf("counts-only report once the routed work is stored: %v", q)
+		t.Fatalf("counts-only report: %v", q)
 	}
-	x.load("a", now, 0, 0, -1) // idle
+	// The carried part survives counts-only reports while the engine has
+	// requests in flight (a prefill in progress is running, not waiting) ...
+	x.load("a", now, 0, 1, -1)
+	if q := est(); q != 268 {
+		t.Fatalf("routed, unstored work across a report: %v", q)
+	}
+	route(5000)
+	x.load("a", now, 0, 1, -1)
+	if q := est(); q != 5268 {
+		t.Fatalf("an unfinished routed prefill across a report: %v", q)
+	}
+	x.chain("a", now, 0, 1, 2, 3, 4, 5) // two more new blocks
+	x.load("a", now, 0, 1, -1)
+	if q := est(); q != 5268-32 {
+		t.Fatalf("after two stored blocks, across a report: %v", q)
+	}
+	// ... and is dropped once the engine is idle.
+	x.load("a", now, 0, 0, -1)
 	if q := est(); q != 0 {
 		t.Fatalf("idle counts-only report: %v", q)
 	}

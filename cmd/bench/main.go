@@ -80,21 +80,8 @@ func run(args []string, stdout io.Writer) error {
 		}
 		cfg.Requests, err = workload.LoadTrace(*trace, *blockSize, *limit)
 		cfg.Workload = "trace " + filepath.Base(*trace)
-	case "chat":
-		c := workload.DefaultChat()
-		c.Seed = cfg.Seed
-		cfg.Requests, err = c.Generate()
-		cfg.Workload = "synthetic multi-turn chat"
-	case "rag":
-		c := workload.DefaultRAG()
-		c.Seed = cfg.Seed
-		cfg.Requests, err = c.Generate()
-		cfg.Workload = "synthetic RAG"
-	case "shared-prompt":
-		c := workload.DefaultSharedPrompt()
-		c.Seed = cfg.Seed
-		cfg.Requests, err = c.Generate()
-		cfg.Workload = "synthetic single-turn behind a shared system prompt"
+	case "chat", "rag", "shared-prompt":
+		cfg.Workload, cfg.Requests, err = bench.Synthetic(*kind, cfg.Seed)
 	default:
 		return fmt.Errorf("unknown -workload %q", *kind)
 	}
