@@ -84,6 +84,13 @@ type Engine struct {
 	// outside and inside the reserved tenant; written under mu.
 	totalEntries, reservedEntries atomic.Int64
 
+	// reportMu orders metric reports: a writer takes it before releasing mu
+	// and holds it while it calls Metrics, so reports leave in write order.
+	// It guards report, the tally being reported. Lock order: mu, then
+	// reportMu; Metrics implementations must not call back into the Engine.
+	reportMu sync.Mutex
+	report   pendingMetrics
+
 	// mu serializes every writer. It guards everything below and all arena
 	// writes, table writes, scope/replica registration and the queues.
 	mu sync.Mutex
@@ -99,7 +106,8 @@ type Engine struct {
 	// dirtyModels lists the counters changed during the current write.
 	modelKeys   map[string]*modelCount
 	dirtyModels []*modelCount
-	// pending tallies evictions of the current write, reported after unlock.
+	// pending tallies the current write's evictions and changed model
+	// counts, reported after unlock (unlockAndReport).
 	pending pendingMetrics
 	// tableBytes is the memory of all scope tables.
 	tableBytes int64
