@@ -91,7 +91,6 @@ func TestMetricsUnderConcurrentWriters(t *testing.T) {
 	}
 }
 
-
 // TestIndexEntriesReportedInWriteOrder pins the second half of item 2: a
 // writer whose index_entries report is delayed must not let a later
 // writer's report of the same model land first, or the series ends at a
