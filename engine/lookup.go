@@ -204,7 +204,10 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 	nd := e.arena.Block(off)
 	s1 := nd.Load(nSeq)
 	if s1&1 != 0 {
-		s1 = e.readSeq(off)
+		var ok bool
+		if s1, ok = e.readSeq(off); !ok {
+			return 0, stepRaced
+		}
 	}
 	meta := nd.Load(nMeta)
 	if !e.viewMatches(nd, meta, sc, k) {
@@ -355,9 +358,17 @@ func (e *Engine) matchExact(sc *scope, req *LookupRequest, ttl, now int64, res *
 		return
 	}
 	nd := e.arena.Block(off)
-	for {
-		s1 := e.readSeq(off)
+	// A node that keeps changing through maxReadRetries attempts counts as
+	// absent: no torn view is ever ranked.
+	for attempt := 0; ; attempt++ {
 		res.fin = res.fin[:0]
+		if attempt == maxReadRetries {
+			return
+		}
+		s1, ok := e.readSeq(off)
+		if !ok {
+			return
+		}
 		meta := nd.Load(nMeta)
 		if !e.viewMatches(nd, meta, sc.id, &k) {
 			if nd.Load(nSeq) == s1 {
@@ -567,7 +578,10 @@ func (e *Engine) Credit(res *LookupResult) {
 func (e *Engine) credit(ref uint64, rid uint16) {
 	off, gen := uint32(ref), uint32(ref>>32)
 	for attempt := 0; attempt < 8; attempt++ {
-		s1 := e.readSeq(off)
+		s1, ok := e.readSeq(off)
+		if !ok {
+			return
+		}
 		meta := e.w(off + nMeta)
 		if meta&metaLive == 0 || e.w(off+nGen) != gen {
 			return

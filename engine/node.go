@@ -153,17 +153,33 @@ func mix64(x uint64) uint64 {
 // w is shorthand for an arena word.
 func (e *Engine) w(off uint32) uint32 { return e.arena.Word(off).Load() }
 
-// readSeq waits out an active writer and returns an even sequence value.
-func (e *Engine) readSeq(off uint32) uint32 {
-	for spins := 0; ; spins++ {
-		s := e.arena.Word(off + nSeq).Load()
-		if s&1 == 0 {
-			return s
+// Bounds of the reader's waits and retries. A writer keeps a node odd for
+// well under a microsecond, but it can be descheduled mid-write; readers
+// then give up on the node (treat it as absent, or end a chain walk there)
+// rather than wait on it without bound.
+const (
+	// seqSpins is how often readSeq polls before yielding, and seqYields
+	// how often it yields before giving up.
+	seqSpins  = 64
+	seqYields = 64
+	// maxReadRetries bounds the retries of a single-node read (nodeIs,
+	// matchExact) whose sequence check keeps failing.
+	maxReadRetries = 16
+)
+
+// readSeq waits out an active writer and returns an even sequence value,
+// or false when the node stayed mid-write through the whole wait.
+func (e *Engine) readSeq(off uint32) (uint32, bool) {
+	w := e.arena.Word(off + nSeq)
+	for i := 0; i < seqSpins+seqYields; i++ {
+		if s := w.Load(); s&1 == 0 {
+			return s, true
 		}
-		if spins > 64 {
+		if i >= seqSpins {
 			runtime.Gosched()
 		}
 	}
+	return 0, false
 }
 
 // keyMatchesLocked reports whether a live node at off holds key k in scope.
