@@ -29,11 +29,12 @@ type LookupResult struct {
 	lfu   bool
 	nodes []uint64
 
-	// Scratch of the chain walk: the running set (run and its double
-	// buffer next), finished runners (fin) and sorted matched counts.
-	run, fin []runner
-	matched  []int64
-	prefix   []int64
+	// Scratch of the chain walk: the running set (run), finished runners
+	// (fin), the running set before the current step of the last,
+	// non-strict pass (undo) and sorted matched counts.
+	run, fin, undo []runner
+	matched        []int64
+	prefix         []int64
 	// cand and keys are the ranking scratch (emitRanked).
 	cand []candidate
 	keys []uint64
@@ -131,7 +132,10 @@ func (e *Engine) classifyMiss(tenant string, d *domain, sch *scheme) Strategy {
 // Each step updates the running set in place and validates the node's
 // sequence lock afterwards; if a writer changed the node meanwhile, the walk
 // starts over from block 0 (rare, and cheaper on average than keeping undo
-// state for every step). After maxWalkRestarts the walk accepts its view.
+// state for every step). After maxWalkRestarts the last pass keeps undo
+// state instead, and a race ends the walk at the raced block: every runner
+// still running there is reported with the blocks before it, never with a
+// block it was not seen to hold.
 func (e *Engine) walkChain(sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult) {
 	t := sc.table.Load()
 	stop := 0
@@ -154,13 +158,19 @@ const maxWalkRestarts = 16
 
 // walkOnce walks the chain once. It returns the index of the first block the
 // running set did not match (len(chain) when it matched all), and false when
-// a step raced a writer and strict is set.
+// a step raced a writer and strict is set. Not strict, a raced step ends the
+// walk at its block, with the running set and finished runners restored to
+// what they were before the step.
 func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult, strict bool) (int, bool) {
 	var hint uint32
 	for i, h := range req.BlockHashes {
 		k, ok := e.makeKey(h)
 		if !ok {
 			return i, true
+		}
+		fin := len(res.fin)
+		if !strict {
+			res.undo = append(res.undo[:0], res.run...)
 		}
 		st := stepMissing
 		var next uint32
@@ -176,8 +186,13 @@ func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int6
 				return i, true // removed since the table read
 			}
 		}
-		if st == stepRaced && strict {
-			return i, false
+		if st == stepRaced {
+			if strict {
+				return i, false
+			}
+			res.run = append(res.run[:0], res.undo...)
+			res.fin = res.fin[:fin]
+			return i, true
 		}
 		hint = next
 		if len(res.run) == 0 {
