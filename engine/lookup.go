@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"github.com/inferencecache/inferencecache/arena"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/inferencecache/inferencecache/policy"
@@ -232,7 +233,13 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 		return 0, stepMissing
 	}
 	count := metaCount(meta)
-	hb := e.arena.Block(nd.Load(nHolders))
+	// The holders are read before the window is validated: only from an
+	// allocated slab and no more than the block's class holds, and the
+	// final check rejects whatever a torn view read there.
+	hb, ok := e.arena.TryBlock(nd.Load(nHolders))
+	if !ok || !countFits(meta) {
+		return 0, stepRaced
+	}
 	if block == 0 {
 		for j := uint32(0); j < count; j++ {
 			h := j * holderWord
@@ -392,7 +399,10 @@ func (e *Engine) matchExact(sc *scope, req *LookupRequest, ttl, now int64, res *
 			continue
 		}
 		count := metaCount(meta)
-		hb := e.arena.Block(nd.Load(nHolders))
+		hb, ok := e.arena.TryBlock(nd.Load(nHolders))
+		if !ok || !countFits(meta) {
+			continue
+		}
 		for j := uint32(0); j < count; j++ {
 			h := j * holderWord
 			ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
@@ -590,31 +600,45 @@ func (e *Engine) Credit(res *LookupResult) {
 // tag: if the writer moved the holder meanwhile, the tag changed, the CAS
 // fails, and credit relocates the holder. It gives up after a few attempts
 // under heavy write contention (a lost credit only ages an entry slightly).
+//
+// It validates the node's window before following the holders offset, so
+// the holder count and block it searches belong together and the LFU word
+// lies inside that block. A late CAS (the writer freed the block after the
+// validation) can only meet a holder record: blocks of holder size are only
+// ever reused as holder blocks (see hashWords), and every reuse retags.
 func (e *Engine) credit(ref uint64, rid uint16) {
 	off, gen := uint32(ref), uint32(ref>>32)
+	nd := e.arena.Block(off)
 	for attempt := 0; attempt < 8; attempt++ {
 		s1, ok := e.readSeq(off)
 		if !ok {
 			return
 		}
-		meta := e.w(off + nMeta)
-		if meta&metaLive == 0 || e.w(off+nGen) != gen {
+		meta, g, block := nd.Load(nMeta), nd.Load(nGen), nd.Load(nHolders)
+		if nd.Load(nSeq) != s1 {
+			continue
+		}
+		if meta&metaLive == 0 || g != gen {
 			return
 		}
-		block := e.w(off + nHolders)
-		idx, found := e.findHolder(block, metaCount(meta), rid)
-		var word, old uint32
-		if found {
-			word = holderAt(block, idx) + hLFU
-			old = e.w(word)
+		hb, ok := e.arena.TryBlock(block)
+		if !ok || !countFits(meta) {
+			return
 		}
-		if e.w(off+nSeq) != s1 {
+		idx, found := findHolderIn(hb, metaCount(meta), rid)
+		var lfu *atomic.Uint32
+		var old uint32
+		if found {
+			lfu = hb.At(idx*holderWord + hLFU)
+			old = lfu.Load()
+		}
+		if nd.Load(nSeq) != s1 {
 			continue
 		}
 		if !found || old&lfuCountMask == lfuCountMask {
 			return
 		}
-		if e.arena.Word(word).CompareAndSwap(old, old+1) {
+		if lfu.CompareAndSwap(old, old+1) {
 			return
 		}
 	}

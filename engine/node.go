@@ -86,6 +86,22 @@ var holderCaps = func() []uint32 {
 	return caps
 }()
 
+// classCaps is holderCaps as an array indexed by class&31, zero past the
+// last class, so a reader can check a count against its class without a
+// bounds check (see countFits).
+var classCaps = func() (a [32]uint32) {
+	if len(holderCaps) > len(a) {
+		panic("BUG: more holder classes than classCaps holds")
+	}
+	copy(a[:], holderCaps)
+	return a
+}()
+
+// countFits reports whether meta's holder count fits its block's class. A
+// reader checks it before walking holders: a view torn between two lives
+// of a node can pair a large count with a small block.
+func countFits(meta uint32) bool { return metaCount(meta) <= classCaps[metaClass(meta)&31] }
+
 func classFor(n uint32) uint32 {
 	for i, c := range holderCaps {
 		if c >= n {
@@ -182,26 +198,27 @@ func (e *Engine) readSeq(off uint32) (uint32, bool) {
 	return 0, false
 }
 
-// keyMatchesLocked reports whether a live node at off holds key k in scope.
+// keyMatches reports whether a live node at off holds key k in scope.
 // The caller reads inside a sequence-lock window (or is the writer).
 func (e *Engine) keyMatches(off, scope uint32, k *key) bool {
-	meta := e.w(off + nMeta)
-	if meta&metaLive == 0 || metaKind(meta) != k.kind || e.w(off+nScope) != scope {
-		return false
-	}
-	if k.kind == kindU64 {
-		return e.w(off+nHashLo) == uint32(k.v) && e.w(off+nHashHi) == uint32(k.v>>32)
-	}
-	return e.bytesEqual(e.w(off+nHashLo), e.w(off+nHashHi), k.b)
+	return e.viewMatches(e.arena.Block(off), e.w(off+nMeta), scope, k)
 }
 
-// bytesEqual compares the n hash bytes stored at word offset at with b.
+// bytesEqual compares the n hash bytes stored at word offset at with b. A
+// reader may pass an offset and length torn from two lives of a node (the
+// kind it read said "bytes", the words it read next belonged to an 8-byte
+// key), so the offset is bounds-checked before it is followed; whatever the
+// words then say, the reader's sequence check rejects the view.
 func (e *Engine) bytesEqual(at, n uint32, b []byte) bool {
 	if int(n) != len(b) {
 		return false
 	}
+	hb, ok := e.arena.TryBlock(at)
+	if !ok {
+		return false
+	}
 	for i := 0; i < len(b); i += 4 {
-		word := e.w(at + uint32(i/4))
+		word := hb.Load(uint32(i / 4))
 		for j := 0; j < 4 && i+j < len(b); j++ {
 			if byte(word>>(8*j)) != b[i+j] {
 				return false
@@ -225,15 +242,21 @@ func (e *Engine) appendHashBytes(dst []byte, off uint32) []byte {
 	return dst
 }
 
-// hashWords is the size of the block that stores n hash bytes. It is never
-// nodeWords: the arena recycles blocks by exact size, so keeping the node
-// size exclusive to nodes (holder blocks are multiples of holderWord = 5)
-// guarantees a node's memory is only ever reused for another node. A reader
-// holding a stale node offset therefore always reads a well-formed node
-// whose sequence word is a real sequence lock.
+// hashWords is the size of the block that stores n hash bytes. The arena
+// recycles blocks by exact size, and the three kinds of block keep disjoint
+// sizes: nodes are nodeWords (8), holder blocks multiples of holderWord (5),
+// hash blocks anything else. So a block's memory is only ever reused for a
+// block of its own kind:
+//   - a reader holding a stale node offset always reads a well-formed node
+//     whose sequence word is a real sequence lock;
+//   - a credit CAS that validated an LFU word and then lost the race to the
+//     writer can only land on a holder record's LFU word, whose tag every
+//     move and reuse changes, so the CAS fails; it can never land on hash
+//     bytes (which a producer chooses, so it could make one look like the
+//     old LFU word and have its key corrupted).
 func hashWords(n int) uint32 {
 	w := uint32(max((n+3)/4, 1))
-	if w == nodeWords {
+	for w == nodeWords || w%holderWord == 0 {
 		w++
 	}
 	return w
@@ -265,10 +288,15 @@ func (e *Engine) holderTs(h uint32) int64 {
 // findHolder returns the index of replica rid in the holder block, or the
 // insertion point and false. Holders are sorted by rid.
 func (e *Engine) findHolder(block, count uint32, rid uint16) (uint32, bool) {
+	return findHolderIn(e.arena.Block(block), count, rid)
+}
+
+// findHolderIn is findHolder over a block view.
+func findHolderIn(hb arena.Block, count uint32, rid uint16) (uint32, bool) {
 	lo, hi := uint32(0), count
 	for lo < hi {
 		mid := (lo + hi) / 2
-		r := uint16(e.w(holderAt(block, mid) + hRidTier))
+		r := uint16(hb.Load(mid*holderWord + hRidTier))
 		switch {
 		case r == rid:
 			return mid, true
@@ -315,5 +343,3 @@ func (e *Engine) retireLFU(w uint32) {
 		}
 	}
 }
-
-var _ = arena.FirstOffset

@@ -1,8 +1,11 @@
 package engine
 
 import (
+	"encoding/binary"
 	"testing"
 	"time"
+
+	"github.com/inferencecache/inferencecache/arena"
 )
 
 // nodeOf returns the node of an 8-byte key in the only scope of (team, m,
@@ -97,4 +100,113 @@ func TestChainWalkRaceEndsTheWalk(t *testing.T) {
 	if got := lfuOf(x.e, n3); got["a"] != 0 || got["b"] != 0 {
 		t.Errorf("block 3 credits %v, want none", got)
 	}
+}
+
+// TestReaderSurvivesTornNode pins issue 12 item 3: a reader may combine
+// words of two lives of a node (the writer reused it between two loads), so
+// every offset it follows may be garbage. Here each such view is left in
+// place and read: a hash offset into an unallocated slab (the low word of
+// an 8-byte key read as the offset of a long key's bytes), a holder offset
+// there, and a holder count far past its block at the end of a slab. Readers
+// must not fault, and must not match what they cannot validate.
+func TestReaderSurvivesTornNode(t *testing.T) {
+	long := make([]byte, 20)
+	for i := range long {
+		long[i] = byte(i + 1)
+	}
+	const unallocated = 0xFFF0_0000 // in slab 4095, never allocated in a test
+	cases := []struct {
+		name  string
+		twist func(e *Engine, off uint32)
+	}{
+		{"hash offset into an unallocated slab", func(e *Engine, off uint32) { e.setWord(off+nHashLo, unallocated) }},
+		{"holder offset into an unallocated slab", func(e *Engine, off uint32) { e.setWord(off+nHolders, unallocated) }},
+		{"holder count past the end of the slab", func(e *Engine, off uint32) {
+			e.setWord(off+nHolders, arena.SlabWords-2*holderWord)
+			e.setWord(off+nMeta, makeMeta(metaCountMask, 0, metaKind(e.w(off+nMeta))))
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			x := newTix(t)
+			x.store.Apply(lfuBody("team"))
+			x.e.Ingest(&Update{TenantID: "team", ModelID: "m", HashScheme: "vllm", ReplicaID: "a", TimestampUs: tT,
+				Prefixes: []PrefixEntry{{BlockHashes: [][]byte{long}, BlockTokenCounts: []int32{16}}}}, tT)
+			x.chain("a", tT, 0, 7)
+			x.e.mu.Lock()
+			sc := x.e.lookupDomain("team", "m").findScheme("vllm").findScope("")
+			var offs []uint32
+			x.e.forEachNodeLocked(sc, func(off uint32) { offs = append(offs, off) })
+			var creds []*LookupResult
+			for _, off := range offs {
+				// A reader that validated the node earlier holds it for Credit.
+				res := &LookupResult{lfu: true, d: sc.d, Strategy: StrategyPrefixMatch, nodes: []uint64{uint64(x.e.w(off+nGen))<<32 | uint64(off)},
+					Scores: []Score{{ReplicaID: "a", MatchedTokens: 16, run: -1}}}
+				creds = append(creds, res)
+				c.twist(x.e, off)
+			}
+			x.e.mu.Unlock()
+			defer func() {
+				if p := recover(); p != nil {
+					t.Fatalf("reader panicked on a torn node: %v", p)
+				}
+			}()
+			reqs := []LookupRequest{
+				{PrefixHash: long}, {PrefixHash: h8(7)},
+				{BlockHashes: [][]byte{long}, BlockTokenCounts: sixteens(1)},
+				{BlockHashes: chainOf(7), BlockTokenCounts: sixteens(1)},
+			}
+			for _, req := range reqs {
+				if res := x.lookup(req); res.Strategy == StrategyPrefixMatch {
+					if c.name == "hash offset into an unallocated slab" && len(req.PrefixHash) == 8 || len(req.BlockHashes) == 1 && len(req.BlockHashes[0]) == 8 {
+						continue // the twist touched only the long key's hash
+					}
+					t.Errorf("lookup %+v matched a torn node: %+v", req, res.Scores)
+				}
+			}
+			for _, res := range creds {
+				x.e.Credit(res)
+			}
+		})
+	}
+}
+
+// TestDelayedCreditNeverLandsOnHashBytes pins the other half of item 3: a
+// credit validates a holder's LFU word, then CASes it. If the writer moves
+// the holder meanwhile and frees its block, that memory must never hold
+// anything but holder records, whose LFU words are retagged on every move,
+// so the late CAS fails. Were the block reused for hash bytes, a hash chosen
+// to look like the old LFU word would be incremented, corrupting the key.
+func TestDelayedCreditNeverLandsOnHashBytes(t *testing.T) {
+	x := newTix(t)
+	x.store.Apply(lfuBody("team"))
+	x.chain("a", tT, 0, 1, 2)
+	off := nodeOf(t, x.e, 1)
+	// The first half of credit: the LFU word of a's holder and its value.
+	x.e.mu.Lock()
+	word := x.e.w(off+nHolders) + hLFU
+	old := x.e.w(word)
+	x.e.mu.Unlock()
+	// The writer adds b to both keys: their one-holder blocks are outgrown
+	// and freed, block 1's first. Then a key with a 20-byte hash (5 words,
+	// the size of those blocks) is stored, its bytes 8..11 equal to the old
+	// LFU word: its holder block takes the block freed last, and its hash
+	// bytes would take block 1's.
+	x.chain("b", tT, 0, 1, 2)
+	long := make([]byte, 20)
+	for i := range long {
+		long[i] = 0xA0 + byte(i)
+	}
+	binary.LittleEndian.PutUint32(long[8:], old)
+	x.e.Ingest(&Update{TenantID: "team", ModelID: "m", HashScheme: "vllm", ReplicaID: "a", TimestampUs: tT,
+		Prefixes: []PrefixEntry{{PrefixHash: long, TokenCount: 16}}}, tT)
+	// The second half, late.
+	x.e.arena.Word(word).CompareAndSwap(old, old+1)
+	if res := x.lookup(LookupRequest{PrefixHash: long}); res.Strategy != StrategyPrefixMatch {
+		t.Fatalf("the long key no longer matches after a late credit CAS: %v", res.Strategy)
+	}
+	checkInvariants(t, x.e)
+	// The key can still be removed (its table slot still hashes to it).
+	x.e.ApplyEvent(&Event{Type: EventPrefixEvicted, TenantID: "team", ModelID: "m", ReplicaID: "a", PrefixHash: long}, tT)
+	checkInvariants(t, x.e)
 }
