@@ -116,6 +116,9 @@ type Engine struct {
 	overheadCalls int
 	// sortScratch is the writer's scratch for sorting eviction buckets.
 	sortScratch []sortRec
+	// wrapped lists freed nodes parked by a wrap of their gen's low 16
+	// bits until the cap queue has no record of them (see capRec).
+	wrapped []uint32
 }
 
 // modelCount is the distinct-key count of one model (writer only).

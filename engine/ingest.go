@@ -76,6 +76,9 @@ func (p *pendingMetrics) reset() {
 // so the next writer fills a buffer no reporter is reading. A write that
 // changed nothing reportable skips reportMu altogether.
 func (e *Engine) unlockAndReport() {
+	if len(e.wrapped) >= maxWrapped {
+		e.compactCapLocked()
+	}
 	for _, mc := range e.dirtyModels {
 		e.pending.models = append(e.pending.models, modelReport{mc.model, mc.n})
 		mc.dirty = false

@@ -281,15 +281,21 @@ func (e *Engine) freeNodeLocked(sc *scope, off uint32) {
 	e.deleteLocked(sc, &k, off)
 	block := e.w(off + nHolders)
 	class := metaClass(meta)
+	gen := e.w(off+nGen) + 1
 	s := e.beginWrite(off)
 	e.setWord(off+nMeta, 0)
-	e.setWord(off+nGen, e.w(off+nGen)+1)
+	e.setWord(off+nGen, gen)
 	e.endWrite(off, s)
 	e.arena.Free(block, holderCaps[class]*holderWord)
 	if metaKind(meta) == kindBytes {
 		e.arena.Free(e.w(off+nHashLo), hashWords(int(e.w(off+nHashHi))))
 	}
-	e.arena.Free(off, nodeWords)
+	if gen&capGenMask == 0 {
+		// Parked until the cap queue forgets this node's records (capRec).
+		e.wrapped = append(e.wrapped, off)
+	} else {
+		e.arena.Free(off, nodeWords)
+	}
 	e.countKeyLocked(sc, -1)
 }
 
