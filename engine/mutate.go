@@ -117,17 +117,45 @@ func (e *Engine) replicaLocked(d *domain, name string, now int64) *replica {
 // maybeFreeReplicaLocked releases a replica id that holds no keys and no
 // stats, after a quarantine (see replicaQuarantineUs).
 func (e *Engine) maybeFreeReplicaLocked(d *domain, r *replica, now int64) {
-	if r.keys.Load() != 0 || r.stats.Load() != nil {
+	if !e.unregisterLocked(d, r, now) {
 		return
 	}
-	if cur, ok := d.byName[r.name]; !ok || cur != r.id {
-		return
-	}
-	delete(d.byName, r.name)
 	next := slices.Clone(d.replicaSlots())
 	next[r.id] = nil
 	d.replicas.Store(newReplicaTable(next))
+}
+
+// freeReplicasLocked is maybeFreeReplicaLocked for several replicas of d,
+// publishing one replica table for all of them.
+func (e *Engine) freeReplicasLocked(d *domain, rs []*replica, now int64) {
+	var next []*replica
+	for _, r := range rs {
+		if !e.unregisterLocked(d, r, now) {
+			continue
+		}
+		if next == nil {
+			next = slices.Clone(d.replicaSlots())
+		}
+		next[r.id] = nil
+	}
+	if next != nil {
+		d.replicas.Store(newReplicaTable(next))
+	}
+}
+
+// unregisterLocked drops the name of a replica that holds no keys and no
+// stats and queues its id for reuse after the quarantine. The caller
+// removes it from the replica table.
+func (e *Engine) unregisterLocked(d *domain, r *replica, now int64) bool {
+	if r.keys.Load() != 0 || r.stats.Load() != nil {
+		return false
+	}
+	if cur, ok := d.byName[r.name]; !ok || cur != r.id {
+		return false
+	}
+	delete(d.byName, r.name)
 	d.freeIDs = append(d.freeIDs, freeID{id: r.id, after: now + replicaQuarantineUs})
+	return true
 }
 
 // setServingLocked rebuilds a scheme's serving set after replica r's key

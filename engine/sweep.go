@@ -98,21 +98,40 @@ func (e *Engine) sweepSlotsLocked(snap *policy.Snapshot, sc *scope, t *table, fr
 	return removed
 }
 
-// sweepStats drops stats payloads whose liveness is older than the TTL.
+// sweepStats drops stats payloads whose liveness is older than the TTL and
+// releases the replica ids left with neither keys nor stats. It visits the
+// domains that existed when it started, about sweepChunk replicas per lock
+// hold (a domain is never split: at most MaxReplicasPerModel replicas).
 func (e *Engine) sweepStats(now int64) {
-	snap := e.lockWriter()
-	defer e.unlockAndReport()
+	var domains []*domain
 	e.domains.Range(func(_ domainKey, d *domain) bool {
-		ttl := snap.Tenant(d.tenant).TTL.Microseconds()
-		for _, r := range d.replicaSlots() {
-			if r == nil || r.stats.Load() == nil {
-				continue
-			}
-			if now-r.liveness.Load() >= ttl {
-				r.stats.Store(nil)
-				e.maybeFreeReplicaLocked(d, r, now)
-			}
-		}
+		domains = append(domains, d)
 		return true
 	})
+	var freed []*replica
+	for i := 0; i < len(domains); {
+		snap := e.lockWriter()
+		for budget := sweepChunk; budget > 0 && i < len(domains); i++ {
+			d := domains[i]
+			slots := d.replicaSlots()
+			budget -= 1 + len(slots)
+			ttl := snap.Tenant(d.tenant).TTL.Microseconds()
+			freed = freed[:0]
+			for _, r := range slots {
+				if r == nil || r.stats.Load() == nil {
+					continue
+				}
+				if now-r.liveness.Load() >= ttl {
+					r.stats.Store(nil)
+					freed = append(freed, r)
+				}
+			}
+			e.freeReplicasLocked(d, freed, now)
+		}
+		e.unlockAndReport()
+		if sweepHook != nil && i < len(domains) {
+			sweepHook()
+		}
+	}
+	clear(freed)
 }

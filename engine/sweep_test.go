@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/binary"
+	"fmt"
 	"testing"
 )
 
@@ -83,4 +84,44 @@ func TestSweepRemovesEveryExpiredEntry(t *testing.T) {
 			t.Fatalf("%d expired entries left after 64 sweeps of 1,625 expired entries each", left)
 		}
 	})
+}
+
+// statsOnly reports stats for replica "r" of tenant fmt("s%d", i) at ts.
+func statsOnly(e *Engine, i int, ts int64) {
+	e.Ingest(&Update{TenantID: fmt.Sprint("s", i), ModelID: "m", ReplicaID: "r", TimestampUs: ts,
+		Stats: &ReplicaStats{HitRate: 0.5}}, tT)
+}
+
+// TestSweepStatsBoundsLockHold pins issue 12 item 6: dropping expired stats
+// takes the writer lock in chunks, like the key sweep, not across every
+// domain at once.
+func TestSweepStatsBoundsLockHold(t *testing.T) {
+	const tenants = 20_000
+	e := New(Config{})
+	for i := range tenants {
+		ts := tT - 31*min1 // expired
+		if i%2 == 0 {
+			ts = tT
+		}
+		statsOnly(e, i, ts)
+	}
+	holds := 1
+	sweepHook = func() { holds++ }
+	defer func() { sweepHook = nil }()
+	e.Sweep(tT)
+	if want := tenants / sweepChunk; holds < want {
+		t.Fatalf("the sweep took the lock %d times for %d stats-only domains, want at least %d", holds, tenants, want)
+	}
+	left := 0
+	e.domains.Range(func(_ domainKey, d *domain) bool {
+		for _, r := range d.replicaSlots() {
+			if r != nil && r.stats.Load() != nil && tT-r.liveness.Load() >= 30*min1 {
+				left++
+			}
+		}
+		return true
+	})
+	if left != 0 {
+		t.Fatalf("%d expired stats left", left)
+	}
 }
