@@ -252,7 +252,7 @@ func (e *Engine) capRecState(rec uint64, ts int64) (sc *scope, idx, count uint32
 	if e.holderTs(h) != ts {
 		return nil, 0, 0, false
 	}
-	sc = e.scopes[e.w(off+nScope)]
+	sc = e.scopeByID(e.w(off + nScope))
 	if sc.d.ts.lfu {
 		count = e.w(h+hLFU) & lfuCountMask
 	}
@@ -294,7 +294,7 @@ func (e *Engine) rebuildCapLocked() {
 	e.capq.init()
 	e.releaseWrappedLocked()
 	for _, sc := range e.scopes[1:] {
-		if sc.d.reserved {
+		if sc == nil || sc.d.reserved {
 			continue
 		}
 		e.forEachNodeLocked(sc, func(off uint32) {

@@ -180,7 +180,11 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				adapter = u.AdapterID
 			}
 			if sc == nil || sc.adapter != adapter {
-				sc = e.scopeLocked(d, sch, adapter)
+				if sc = e.scopeLocked(d, sch, adapter, now); sc == nil {
+					res.Dropped++
+					prevOff = 0
+					continue
+				}
 			}
 			tier := TierFromWire(p.Tier)
 			if len(p.BlockHashes) > 0 || len(p.BlockTokenCounts) > 0 {
@@ -284,12 +288,17 @@ func (e *Engine) ApplyEvent(ev *Event, now int64) {
 	default:
 		return
 	}
+	if e.lookupDomain(ev.TenantID, ev.ModelID) == nil {
+		return // unknown pair: no lock needed
+	}
+	e.lockWriter()
+	defer e.unlockAndReport()
+	// Looked up again under the lock: the sweep may have reclaimed the
+	// domain meanwhile, and a writer never writes into a reclaimed domain.
 	d := e.lookupDomain(ev.TenantID, ev.ModelID)
 	if d == nil {
 		return
 	}
-	e.lockWriter()
-	defer e.unlockAndReport()
 	id, ok := d.byName[ev.ReplicaID]
 	if !ok {
 		return

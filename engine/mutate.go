@@ -46,6 +46,7 @@ func (e *Engine) domainLocked(tenant, model string) *domain {
 		d.mc = &modelCount{model: model}
 		e.modelKeys[model] = d.mc
 	}
+	d.mc.domains++
 	ts.models = append(ts.models, d)
 	e.domains.Store(domainKey{tenant, model}, d)
 	return d
@@ -60,23 +61,36 @@ func (e *Engine) schemeLocked(d *domain, name string) *scheme {
 	if p := d.schemes.Load(); p != nil {
 		list = *p
 	}
-	s := &scheme{name: name, index: len(list), d: d}
+	// The smallest index no live scheme uses: a reclaimed scheme's index
+	// is free again (every replica's count for it is 0 by then).
+	index := 0
+	for i := 0; i < len(list); i++ {
+		if list[i].index == index {
+			index, i = index+1, -1
+		}
+	}
+	s := &scheme{name: name, index: index, d: d}
 	s.serving.Store(&servingSet{})
 	next := append(slices.Clip(list), s)
 	d.schemes.Store(&next)
 	return s
 }
 
-// scopeLocked returns the scheme's scope for adapter, creating it.
-func (e *Engine) scopeLocked(d *domain, s *scheme, adapter string) *scope {
+// scopeLocked returns the scheme's scope for adapter, creating it. It
+// returns nil when every scope slot is taken or quarantined.
+func (e *Engine) scopeLocked(d *domain, s *scheme, adapter string, now int64) *scope {
 	if sc := s.findScope(adapter); sc != nil {
 		return sc
 	}
-	sc := &scope{id: uint32(len(e.scopes)), d: d, sch: s, adapter: adapter}
+	id, ok := e.newScopeIDLocked(now)
+	if !ok {
+		return nil
+	}
+	sc := &scope{id: id, d: d, sch: s, adapter: adapter}
 	t := newTable(0)
 	sc.table.Store(t)
 	e.tableBytes += t.bytes()
-	e.scopes = append(e.scopes, sc)
+	e.scopes[scopeSlot(id)] = sc
 	var list []*scope
 	if p := s.scopes.Load(); p != nil {
 		list = *p
@@ -89,6 +103,9 @@ func (e *Engine) scopeLocked(d *domain, s *scheme, adapter string) *scope {
 // replicaLocked returns the domain's replica named name, creating it. It
 // returns nil when the domain has no free replica id.
 func (e *Engine) replicaLocked(d *domain, name string, now int64) *replica {
+	if d.dead {
+		panic("BUG: writing into a reclaimed domain")
+	}
 	if id, ok := d.byName[name]; ok {
 		return d.replicaSlots()[id]
 	}

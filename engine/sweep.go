@@ -32,23 +32,34 @@ func (e *Engine) Sweep(now int64) int {
 		sc   *scope
 		t    *table // the table sc had when the sweep reached it
 		pos  int    // next slot of t
-		next = 1    // next scope id to visit
+		next = 1    // next scope slot to visit
 	)
 	for done := false; !done; {
 		snap := e.lockWriter()
 		for budget := sweepChunk; budget > 0; {
+			if sc != nil && sc.dead { // reclaimed by a concurrent Sweep
+				sc, t = nil, nil
+			}
 			if sc == nil {
 				if next >= len(e.scopes) {
 					done = true
 					break
 				}
-				sc, t, pos = e.scopes[next], e.scopes[next].table.Load(), 0
+				sc = e.scopes[next]
 				next++
+				if sc == nil {
+					budget--
+					continue
+				}
+				t, pos = sc.table.Load(), 0
 			}
 			end := min(pos+budget, len(t.slots))
 			removed += e.sweepSlotsLocked(snap, sc, t, pos, end, now)
 			budget -= end - pos
 			if pos = end; pos == len(t.slots) {
+				if sc.table.Load().used == 0 {
+					e.reclaimScopeLocked(sc, now)
+				}
 				sc, t = nil, nil
 			}
 		}
@@ -98,10 +109,11 @@ func (e *Engine) sweepSlotsLocked(snap *policy.Snapshot, sc *scope, t *table, fr
 	return removed
 }
 
-// sweepStats drops stats payloads whose liveness is older than the TTL and
-// releases the replica ids left with neither keys nor stats. It visits the
-// domains that existed when it started, about sweepChunk replicas per lock
-// hold (a domain is never split: at most MaxReplicasPerModel replicas).
+// sweepStats drops stats payloads whose liveness is older than the TTL,
+// releases the replica ids left with neither keys nor stats, and reclaims
+// the domains left with nothing. It visits the domains that existed when it
+// started, about sweepChunk replicas per lock hold (a domain is never
+// split: at most MaxReplicasPerModel replicas).
 func (e *Engine) sweepStats(now int64) {
 	var domains []*domain
 	e.domains.Range(func(_ domainKey, d *domain) bool {
@@ -113,6 +125,9 @@ func (e *Engine) sweepStats(now int64) {
 		snap := e.lockWriter()
 		for budget := sweepChunk; budget > 0 && i < len(domains); i++ {
 			d := domains[i]
+			if d.dead { // reclaimed by a concurrent Sweep
+				continue
+			}
 			slots := d.replicaSlots()
 			budget -= 1 + len(slots)
 			ttl := snap.Tenant(d.tenant).TTL.Microseconds()
@@ -127,6 +142,7 @@ func (e *Engine) sweepStats(now int64) {
 				}
 			}
 			e.freeReplicasLocked(d, freed, now)
+			e.maybeReclaimDomainLocked(d)
 		}
 		e.unlockAndReport()
 		if sweepHook != nil && i < len(domains) {
