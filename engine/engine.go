@@ -40,9 +40,11 @@ type Config struct {
 	// MaxEntries caps replica×key storage entries (reserved tenant
 	// excluded); 0 means unbounded. The server's default is DefaultMaxEntries.
 	MaxEntries int64
-	// MaxBytes caps the index's accounted memory (see MemoryStats.IndexBytes);
-	// 0 means no byte budget. Over budget, entries are evicted exactly as at
-	// the entry cap.
+	// MaxBytes caps the index memory that evicting entries gives back
+	// (arena live bytes, tables, queues: MemoryStats.IndexBytes); 0 means
+	// no byte budget. Over budget, entries are evicted exactly as at the
+	// entry cap. Go-side bookkeeping (MemoryStats.OverheadBytes) is not
+	// budgeted: eviction cannot free it; the sweep reclaims it once empty.
 	MaxBytes int64
 	// Policies supplies per-tenant TTL, eviction algorithm and quota; nil
 	// means every tenant has the defaults.
@@ -72,7 +74,7 @@ type Engine struct {
 
 	// domains maps (tenant, model) to its state; xsync makes the read
 	// lock-free. Entries are added under mu and removed under mu by the
-	// sweep once empty (reclaimDomainLocked). A reader may still hold a
+	// sweep once empty (maybeReclaimDomainLocked). A reader may still hold a
 	// removed *domain: it stays valid Go memory, empty, and no writer
 	// touches it again (a later write to the same pair gets a new domain).
 	domains *xsync.MapOf[domainKey, *domain]

@@ -33,11 +33,16 @@ import (
 // waits; it then reads every field it needs with atomic loads, including
 // holder words reached through the holders offset, and loads seq again. If
 // the two loads differ, the writer touched the node meanwhile and the reader
-// retries. A reader never trusts an offset it did not validate this way: a
-// table slot or successor hint only nominates a node, and the reader checks
-// liveness, scope and hash inside the window. A freed node is never returned
-// to the Go heap (the arena keeps it addressable) and is reused only for a
-// new key, so a stale offset reads a dead or different node and is rejected.
+// retries (a bounded number of times; see readSeq). A reader never trusts
+// what it did not validate this way: a table slot or successor hint only
+// nominates a node, and the reader checks liveness, scope and hash inside
+// the window. A freed node is never returned to the Go heap (the arena
+// keeps it addressable) and is reused only for a new key, so a stale offset
+// reads a dead or different node and is rejected. Offsets read inside a
+// window (holders, hash bytes) may be torn from two lives of the node, so a
+// reader follows them only through arena.TryBlock and checks the holder
+// count against its class (countFits) before walking holders: a torn view
+// never faults, and the closing check rejects it.
 //
 // Writer protocol. The single writer (engine.mu held) stores seq+1, changes
 // fields, then stores seq+2. Holder blocks change only inside such a window,
