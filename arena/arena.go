@@ -91,10 +91,23 @@ type Block struct {
 	i uint32
 }
 
-// Block returns the view of the block at offset off.
+// Block returns the view of the block at offset off, which must lie in an
+// allocated slab (an offset the caller validated).
 func (a *Arena) Block(off uint32) Block { return Block{a.dir[off>>SlabShift].Load(), off & slabMask} }
 
-// At returns word k of the block (k must be within the block).
+// TryBlock is Block for an offset the caller could not validate (read from
+// a word that a writer may have been changing): it reports false when off
+// lies in a slab never allocated. Reads through the view stay inside the
+// slab whatever k is (At wraps within it), so even a block length read
+// along with a bad offset cannot fault; the caller's own protocol must
+// reject what it read.
+func (a *Arena) TryBlock(off uint32) (Block, bool) {
+	s := a.dir[off>>SlabShift].Load()
+	return Block{s, off & slabMask}, s != nil
+}
+
+// At returns word k of the block (k must be within the block; an index past
+// the slab's end wraps to its start rather than leave the slab).
 func (b Block) At(k uint32) *atomic.Uint32 { return &b.s[(b.i+k)&slabMask] }
 
 // Load returns the value of word k of the block.

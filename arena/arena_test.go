@@ -86,3 +86,26 @@ func BenchmarkAllocFree(b *testing.B) {
 		a.Free(off, 8)
 	}
 }
+
+// TestTryBlock pins the view readers use for offsets they could not
+// validate: an offset in a slab never allocated is refused, and reads past
+// the end of the slab wrap inside it instead of faulting.
+func TestTryBlock(t *testing.T) {
+	var a Arena
+	if _, ok := a.TryBlock(FirstOffset); ok {
+		t.Fatal("TryBlock on an empty arena succeeded")
+	}
+	off, _ := a.Alloc(4)
+	a.Word(off).Store(11)
+	b, ok := a.TryBlock(off)
+	if !ok || b.Load(0) != 11 {
+		t.Fatalf("TryBlock(%d) = %v, %v", off, b, ok)
+	}
+	if _, ok := a.TryBlock(SlabWords + 5); ok {
+		t.Fatal("TryBlock in an unallocated slab succeeded")
+	}
+	end, _ := a.TryBlock(SlabWords - 1)
+	if end.Load(1+off) != 11 {
+		t.Fatal("a read past the slab's end did not wrap inside the slab")
+	}
+}

@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -286,6 +287,7 @@ func runDifferential(t *testing.T, seed uint64, ops int) {
 		case k < 94:
 			e.Sweep(now)
 			ref.Sweep(now)
+			compareReclaimed(t, op, e, ref)
 		default:
 			store.Apply(u.policyBody())
 		}
@@ -342,4 +344,37 @@ func compareState(t *testing.T, op int, e *Engine, ref *refModel) {
 			t.Fatalf("op %d: entry %d: engine %+v, reference %+v", op, i, got[i], want[i])
 		}
 	}
+}
+
+// compareReclaimed checks, right after a sweep, that the engine keeps a
+// domain exactly for each (tenant, model) the reference holds a key or
+// stats for, a scope exactly for each (tenant, model, scheme, adapter) it
+// holds a key for, and tenant states and model counters for exactly the
+// tenants and models of those domains: the sweep reclaimed everything else.
+func compareReclaimed(t *testing.T, op int, e *Engine, ref *refModel) {
+	t.Helper()
+	want := ref.liveStructures()
+	got := map[string]bool{}
+	e.domains.Range(func(k domainKey, _ *domain) bool {
+		got["domain "+k.tenant+"/"+k.model] = true
+		return true
+	})
+	e.tenants.Range(func(id string, _ *tenantState) bool {
+		got["tenant "+id] = true
+		return true
+	})
+	e.mu.Lock()
+	for m := range e.modelKeys {
+		got["model "+m] = true
+	}
+	for _, sc := range e.scopes {
+		if sc != nil {
+			got["scope "+sc.d.tenant+"/"+sc.d.model+"/"+sc.sch.name+"/"+sc.adapter] = true
+		}
+	}
+	e.mu.Unlock()
+	if !maps.Equal(got, want) {
+		t.Fatalf("op %d: after a sweep the engine keeps %v, want %v", op, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+	checkStructure(t, e)
 }

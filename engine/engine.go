@@ -40,9 +40,11 @@ type Config struct {
 	// MaxEntries caps replica×key storage entries (reserved tenant
 	// excluded); 0 means unbounded. The server's default is DefaultMaxEntries.
 	MaxEntries int64
-	// MaxBytes caps the index's accounted memory (see MemoryStats.IndexBytes);
-	// 0 means no byte budget. Over budget, entries are evicted exactly as at
-	// the entry cap.
+	// MaxBytes caps the index memory that evicting entries gives back
+	// (arena live bytes, tables, queues: MemoryStats.IndexBytes); 0 means
+	// no byte budget. Over budget, entries are evicted exactly as at the
+	// entry cap. Go-side bookkeeping (MemoryStats.OverheadBytes) is not
+	// budgeted: eviction cannot free it; the sweep reclaims it once empty.
 	MaxBytes int64
 	// Policies supplies per-tenant TTL, eviction algorithm and quota; nil
 	// means every tenant has the defaults.
@@ -75,11 +77,14 @@ type Engine struct {
 	// freeing happen under mu; reads are lock-free (see node.go).
 	arena arena.Arena
 
-	// domains maps (tenant, model) to its state. Entries are added under mu
-	// and never removed, so a reader's *domain stays valid; xsync makes the
-	// read lock-free.
+	// domains maps (tenant, model) to its state; xsync makes the read
+	// lock-free. Entries are added under mu and removed under mu by the
+	// sweep once empty (maybeReclaimDomainLocked). A reader may still hold a
+	// removed *domain: it stays valid Go memory, empty, and no writer
+	// touches it again (a later write to the same pair gets a new domain).
 	domains *xsync.MapOf[domainKey, *domain]
-	// tenants maps a tenant id to its counters; same lifecycle as domains.
+	// tenants maps a tenant id to its counters; added under mu, removed
+	// under mu with the tenant's last domain.
 	tenants *xsync.MapOf[string, *tenantState]
 
 	// totalKeys counts distinct keys outside the reserved tenant; written
@@ -89,11 +94,22 @@ type Engine struct {
 	// outside and inside the reserved tenant; written under mu.
 	totalEntries, reservedEntries atomic.Int64
 
+	// reportMu orders metric reports: a writer takes it before releasing mu
+	// and holds it while it calls Metrics, so reports leave in write order.
+	// It guards report, the tally being reported. Lock order: mu, then
+	// reportMu; Metrics implementations must not call back into the Engine.
+	reportMu sync.Mutex
+	report   pendingMetrics
+
 	// mu serializes every writer. It guards everything below and all arena
 	// writes, table writes, scope/replica registration and the queues.
 	mu sync.Mutex
-	// scopes is indexed by scope id (node word 7).
-	scopes []*scope
+	// scopes is indexed by scope slot (scopeSlot of a node's word 7); a nil
+	// entry is a free slot. freeSlots lists released slots, oldest first,
+	// each with the generation its next scope gets and when it may be
+	// reused (see "Scope ids" below).
+	scopes    []*scope
+	freeSlots []freeSlot
 	// capq orders storage entries for cap and byte-budget eviction.
 	capq capQueue
 	// quotas holds the per-tenant quota queues of tenants with a quota.
@@ -101,18 +117,20 @@ type Engine struct {
 	// snap is the policy snapshot the writer last adopted (syncPolicyLocked).
 	snap *policy.Snapshot
 	// modelKeys counts distinct keys per model (reserved tenant excluded);
-	// dirtyModels lists the counters changed during the current write.
+	// an entry lives while some domain of the model does. dirtyModels lists
+	// the counters changed during the current write.
 	modelKeys   map[string]*modelCount
 	dirtyModels []*modelCount
-	// pending tallies evictions of the current write, reported after unlock.
+	// pending tallies the current write's evictions and changed model
+	// counts, reported after unlock (unlockAndReport).
 	pending pendingMetrics
-	// tableBytes is the memory of all scope tables.
+	// tableBytes is the memory of all live scopes' tables.
 	tableBytes int64
-	// overhead caches overheadBytesLocked for the byte budget check.
-	overhead      int64
-	overheadCalls int
 	// sortScratch is the writer's scratch for sorting eviction buckets.
 	sortScratch []sortRec
+	// wrapped lists freed nodes parked by a wrap of their gen's low 16
+	// bits until the cap queue has no record of them (see capRec).
+	wrapped []uint32
 }
 
 // modelCount is the distinct-key count of one model (writer only).
@@ -120,7 +138,34 @@ type modelCount struct {
 	model string
 	n     int64
 	dirty bool
+	// domains counts the live domains of the model.
+	domains int
 }
+
+// Scope ids. A node's word 7 names its scope by an id that packs a slot of
+// Engine.scopes (low scopeSlotBits bits, never 0) and the slot's generation.
+// Readers compare the word with the id of the scope they hold, lock-free;
+// a reader may hold a scope the sweep has since reclaimed, so an id must
+// not come back while such a reader could still be running, or the reader
+// would validate a node of another (tenant, model, scheme, adapter) that
+// happens to hold the hash it looks for. A released slot therefore waits
+// scopeQuarantineUs (as replica ids do) and is reused oldest first, and its
+// generation advances, so an id recurs only after 2^10 reuses of one slot,
+// each at least the quarantine apart. The writer's own lookups by id (cap
+// and quota records) only ever start from a live node, whose scope is live.
+const (
+	scopeSlotBits     = 22
+	scopeSlotMask     = 1<<scopeSlotBits - 1
+	scopeGenMask      = 1<<(32-scopeSlotBits) - 1
+	scopeQuarantineUs = replicaQuarantineUs
+)
+
+type freeSlot struct {
+	slot, gen uint32
+	after     int64 // reusable once the writer's clock passes this (µs)
+}
+
+func scopeSlot(id uint32) uint32 { return id & scopeSlotMask }
 
 // domain is one (tenant, model).
 type domain struct {
@@ -128,6 +173,9 @@ type domain struct {
 	reserved      bool
 	ts            *tenantState
 	mc            *modelCount
+	// dead is set (under mu) when the sweep unlinks the domain; no writer
+	// writes into a dead domain.
+	dead bool
 	// keys counts the domain's distinct keys; written under mu.
 	keys atomic.Int64
 	// replicas is the replica table; replaced copy-on-write under mu.
@@ -233,6 +281,8 @@ type scope struct {
 	d       *domain
 	sch     *scheme
 	adapter string
+	// dead is set (under mu) when the sweep unlinks the empty scope.
+	dead bool
 	// table maps keys to nodes; replaced (grown, cleaned) under mu.
 	table atomic.Pointer[table]
 }
@@ -243,7 +293,7 @@ type tenantState struct {
 	reserved bool
 	// keys counts the tenant's distinct keys; written under mu.
 	keys atomic.Int64
-	// models lists the tenant's domains (writer only).
+	// models lists the tenant's live domains (writer only).
 	models []*domain
 	// lfu is true while the tenant's policy evicts by LFU, and quota is
 	// the tenant's quota queue while it has a quota (writer only).
@@ -280,7 +330,7 @@ func New(cfg Config) *Engine {
 	_, _ = rand.Read(b[:])
 	e.seed = binary.LittleEndian.Uint64(b[:])
 	e.capq.init()
-	// Scope id 0 is never used, so a zero word never names a scope.
+	// Scope slot 0 is never used, so a zero word never names a scope.
 	e.scopes = append(e.scopes, nil)
 	return e
 }

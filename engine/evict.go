@@ -35,9 +35,26 @@ import (
 // heap and the within-bucket sort.
 
 // capRec packs gen (16 bits) | node offset (32) | replica id (16).
+//
+// A record names its node by offset and the low 16 bits of its gen, so
+// after 65,536 reuses the node would carry the record's bits again and a
+// stale record (and the place it was sorted to in its bucket) could pass
+// for a later entry. A node whose gen's low 16 bits wrap on a free is
+// therefore parked instead of returned to the arena (wrapped) until a
+// compaction or rebuild of the queue has dropped every record of a node
+// that is not live, the parked node's old records among them. Any later
+// life of a node is separated from its earlier lives' records by such a
+// wrap, so no record ever validates against a life it was not filed for.
 func capRec(gen, off uint32, rid uint16) uint64 {
-	return uint64(gen&0xFFFF)<<48 | uint64(off)<<16 | uint64(rid)
+	return uint64(gen&capGenMask)<<48 | uint64(off)<<16 | uint64(rid)
 }
+
+const (
+	capGenMask = 0xFFFF
+	// maxWrapped bounds the nodes parked by a gen wrap before a write
+	// compacts the cap queue to release them (see capRec).
+	maxWrapped = 1024
+)
 
 func capRecParts(r uint64) (gen16, off uint32, rid uint16) {
 	return uint32(r >> 48), uint32(r >> 16), uint16(r)
@@ -223,7 +240,7 @@ func (e *Engine) fileCapLocked(sc *scope, off, h uint32, rid uint16, ts int64) {
 func (e *Engine) capRecState(rec uint64, ts int64) (sc *scope, idx, count uint32, ok bool) {
 	gen, off, rid := capRecParts(rec)
 	meta := e.w(off + nMeta)
-	if meta&metaLive == 0 || e.w(off+nGen)&0xFFFF != gen {
+	if meta&metaLive == 0 || e.w(off+nGen)&capGenMask != gen {
 		return nil, 0, 0, false
 	}
 	block := e.w(off + nHolders)
@@ -235,7 +252,7 @@ func (e *Engine) capRecState(rec uint64, ts int64) (sc *scope, idx, count uint32
 	if e.holderTs(h) != ts {
 		return nil, 0, 0, false
 	}
-	sc = e.scopes[e.w(off+nScope)]
+	sc = e.scopeByID(e.w(off + nScope))
 	if sc.d.ts.lfu {
 		count = e.w(h+hLFU) & lfuCountMask
 	}
@@ -248,10 +265,26 @@ func (e *Engine) maybeCompactCapLocked() {
 	if e.capq.records < 2*live+4096 {
 		return
 	}
+	e.compactCapLocked()
+}
+
+// compactCapLocked drops every stale cap record, then releases the nodes
+// parked by a gen wrap: no record of a node that is not live survives it.
+func (e *Engine) compactCapLocked() {
 	e.capq.compact(func(k capKey, rec uint64) bool {
 		_, _, _, ok := e.capRecState(rec, k.ts)
 		return ok
 	})
+	e.releaseWrappedLocked()
+}
+
+// releaseWrappedLocked returns the parked nodes to the arena (only right
+// after the cap queue lost every record of a node that is not live).
+func (e *Engine) releaseWrappedLocked() {
+	for _, off := range e.wrapped {
+		e.arena.Free(off, nodeWords)
+	}
+	e.wrapped = e.wrapped[:0]
 }
 
 // rebuildCapLocked refiles every live storage entry at its true key. It runs
@@ -259,8 +292,9 @@ func (e *Engine) maybeCompactCapLocked() {
 func (e *Engine) rebuildCapLocked() {
 	e.capq = capQueue{}
 	e.capq.init()
+	e.releaseWrappedLocked()
 	for _, sc := range e.scopes[1:] {
-		if sc.d.reserved {
+		if sc == nil || sc.d.reserved {
 			continue
 		}
 		e.forEachNodeLocked(sc, func(off uint32) {

@@ -244,3 +244,42 @@ func TestIngestRules(t *testing.T) {
 	}
 	checkInvariants(t, x.e)
 }
+
+// TestCapRecordNeverValidatesALaterLife pins issue 12 item 7 (gen): a cap
+// record names its node by offset and the low 16 bits of the node's gen.
+// After 65,536 reuses the node comes back with the same 16 bits; were it
+// then to hold an entry of the same replica and lastSeen, the stale record
+// (and the place it was sorted to in its bucket) would pass for that entry.
+func TestCapRecordNeverValidatesALaterLife(t *testing.T) {
+	if testing.Short() {
+		t.Skip("131,072 writes")
+	}
+	e := New(Config{})
+	put := func(hash uint64, ts int64) {
+		e.Ingest(&Update{TenantID: "t", ModelID: "m", HashScheme: "vllm", ReplicaID: "a", TimestampUs: ts,
+			Prefixes: []PrefixEntry{{PrefixHash: h8(hash), TokenCount: 16}}}, tT)
+	}
+	drop := func(hash uint64) {
+		e.ApplyEvent(&Event{Type: EventPrefixEvicted, TenantID: "t", ModelID: "m", ReplicaID: "a", PrefixHash: h8(hash)}, tT)
+	}
+	put(1<<40, tT+1) // keeps replica a (and its id) alive throughout
+	put(1, tT)
+	e.mu.Lock()
+	sc := e.lookupDomain("t", "m").findScheme("vllm").findScope("")
+	k, _ := e.makeKey(h8(1))
+	off, _ := e.findLocked(sc.table.Load(), sc.id, &k)
+	rec := capRec(e.w(off+nGen), off, 0)
+	e.mu.Unlock()
+	drop(1)
+	// 65,535 more lives of the node (the free list hands it straight back).
+	for i := range 1<<16 - 1 {
+		put(uint64(100+i), tT+1)
+		drop(uint64(100 + i))
+	}
+	put(2, tT) // same replica, same lastSeen as the record's entry
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, _, _, ok := e.capRecState(rec, tT); ok {
+		t.Fatalf("a cap record of key 01 validates against key 02 in a later life of node %d", off)
+	}
+}

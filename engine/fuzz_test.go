@@ -57,6 +57,7 @@ func FuzzIngest(f *testing.F) {
 			case 4:
 				e.Sweep(now)
 				ref.Sweep(now)
+				compareReclaimed(t, op, e, ref)
 			case 5:
 				b := &policy.Body{Version: 7}
 				if r.u8()%2 == 0 {

@@ -24,16 +24,22 @@ const (
 	reasonTTL = "ttl"
 )
 
-// pendingMetrics tallies one write's evictions so they are reported after
-// the writer lock is released.
+// pendingMetrics tallies one write's evictions and the model counts it
+// changed, so they are reported after the writer lock is released.
 type pendingMetrics struct {
 	index  [2][2]int // [algorithm][cap, ttl]
 	tenant []tenantEvictions
+	models []modelReport
 }
 
 type tenantEvictions struct {
 	tenant string
 	n      int
+}
+
+type modelReport struct {
+	model string
+	n     int64
 }
 
 func (p *pendingMetrics) addIndex(a policy.Algorithm, reason string, n int) {
@@ -48,19 +54,45 @@ func (p *pendingMetrics) addTenant(tenant string, n int) {
 	p.tenant = append(p.tenant, tenantEvictions{tenant, n})
 }
 
+func (p *pendingMetrics) empty() bool {
+	return p.index == [2][2]int{} && len(p.tenant) == 0 && len(p.models) == 0
+}
+
+// reset empties p, keeping its buffers.
+func (p *pendingMetrics) reset() {
+	p.index = [2][2]int{}
+	clear(p.tenant)
+	p.tenant = p.tenant[:0]
+	clear(p.models)
+	p.models = p.models[:0]
+}
+
 // unlockAndReport releases the writer lock and reports the write's metrics.
+//
+// Reports leave in write order: the writer takes reportMu before it releases
+// mu, so the next writer (which needs mu first) reports after it, and a
+// model's index_entries series always ends at the model's latest count. The
+// tally moves to the report buffer, which only the reportMu holder touches,
+// so the next writer fills a buffer no reporter is reading. A write that
+// changed nothing reportable skips reportMu altogether.
 func (e *Engine) unlockAndReport() {
-	p := e.pending
-	e.pending = pendingMetrics{tenant: p.tenant[:0]}
-	var models []string
-	var counts []int64
+	if len(e.wrapped) >= maxWrapped {
+		e.compactCapLocked()
+	}
 	for _, mc := range e.dirtyModels {
-		models = append(models, mc.model)
-		counts = append(counts, mc.n)
+		e.pending.models = append(e.pending.models, modelReport{mc.model, mc.n})
 		mc.dirty = false
 	}
+	clear(e.dirtyModels)
 	e.dirtyModels = e.dirtyModels[:0]
+	if e.pending.empty() {
+		e.mu.Unlock()
+		return
+	}
+	e.reportMu.Lock()
+	e.pending, e.report = e.report, e.pending
 	e.mu.Unlock()
+	p := &e.report
 	for a := range p.index {
 		for r, n := range p.index[a] {
 			if n > 0 {
@@ -75,9 +107,11 @@ func (e *Engine) unlockAndReport() {
 	for _, t := range p.tenant {
 		e.metrics.AddTenantEvictions(t.tenant, t.n)
 	}
-	for i, m := range models {
-		e.metrics.SetIndexEntries(m, counts[i])
+	for _, m := range p.models {
+		e.metrics.SetIndexEntries(m.model, m.n)
 	}
+	p.reset()
+	e.reportMu.Unlock()
 }
 
 // lockWriter takes the writer lock and adopts the current policy snapshot.
@@ -146,7 +180,11 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				adapter = u.AdapterID
 			}
 			if sc == nil || sc.adapter != adapter {
-				sc = e.scopeLocked(d, sch, adapter)
+				if sc = e.scopeLocked(d, sch, adapter, now); sc == nil {
+					res.Dropped++
+					prevOff = 0
+					continue
+				}
 			}
 			tier := TierFromWire(p.Tier)
 			before := r.load.newHolders
@@ -270,12 +308,17 @@ func (e *Engine) ApplyEvent(ev *Event, now int64) {
 	default:
 		return
 	}
+	if e.lookupDomain(ev.TenantID, ev.ModelID) == nil {
+		return // unknown pair: no lock needed
+	}
+	e.lockWriter()
+	defer e.unlockAndReport()
+	// Looked up again under the lock: the sweep may have reclaimed the
+	// domain meanwhile, and a writer never writes into a reclaimed domain.
 	d := e.lookupDomain(ev.TenantID, ev.ModelID)
 	if d == nil {
 		return
 	}
-	e.lockWriter()
-	defer e.unlockAndReport()
 	id, ok := d.byName[ev.ReplicaID]
 	if !ok {
 		return

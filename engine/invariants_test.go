@@ -1,17 +1,24 @@
 package engine
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 // checkInvariants recounts the index from its nodes and compares every
-// maintained counter with the recount.
+// maintained counter with the recount, and checks the structure.
 func checkInvariants(t *testing.T, e *Engine) {
 	t.Helper()
+	checkStructure(t, e)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var entries, reserved, keys int64
 	tenantKeys := map[string]int64{}
 	modelKeys := map[string]int64{}
 	for _, sc := range e.scopes[1:] {
+		if sc == nil {
+			continue
+		}
 		d := sc.d
 		var scopeKeys int
 		e.forEachNodeLocked(sc, func(off uint32) {
@@ -102,6 +109,75 @@ func checkInvariants(t *testing.T, e *Engine) {
 		}
 		return true
 	})
+}
+
+// checkStructure checks that the Go-side structures link up: every live
+// scope sits in its slot, its scheme and domain list it, its domain is the
+// one the domain map holds; every domain is listed by its tenant state and
+// counted by its model counter; no structure reachable from the maps is
+// dead; released scope slots are empty; scheme indexes are distinct.
+func checkStructure(t *testing.T, e *Engine) {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, sc := range e.scopes {
+		if sc == nil {
+			continue
+		}
+		if i == 0 || scopeSlot(sc.id) != uint32(i) || sc.dead || sc.d.dead {
+			t.Fatalf("slot %d holds scope id %#x (dead %v, domain dead %v)", i, sc.id, sc.dead, sc.d.dead)
+		}
+		if sc.sch.findScope(sc.adapter) != sc || sc.d.findScheme(sc.sch.name) != sc.sch {
+			t.Fatalf("scope %#x is not linked from its scheme and domain", sc.id)
+		}
+		if d, _ := e.domains.Load(domainKey{sc.d.tenant, sc.d.model}); d != sc.d {
+			t.Fatalf("scope %#x belongs to a domain the map does not hold", sc.id)
+		}
+	}
+	for _, f := range e.freeSlots {
+		if e.scopes[f.slot] != nil {
+			t.Fatalf("released slot %d holds a scope", f.slot)
+		}
+	}
+	perModel := map[string]int{}
+	e.domains.Range(func(k domainKey, d *domain) bool {
+		if d.dead || d.tenant != k.tenant || d.model != k.model {
+			t.Fatalf("domain map holds %v at %v (dead %v)", d.tenant+"/"+d.model, k, d.dead)
+		}
+		if ts, _ := e.tenants.Load(d.tenant); ts != d.ts || !slices.Contains(ts.models, d) {
+			t.Fatalf("domain %v is not listed by its tenant state", k)
+		}
+		if e.modelKeys[d.model] != d.mc {
+			t.Fatalf("domain %v has a model counter the engine does not hold", k)
+		}
+		perModel[d.model]++
+		indexes := map[int]bool{}
+		for _, sc := range e.scopesOf(d) {
+			if e.scopes[scopeSlot(sc.id)] != sc {
+				t.Fatalf("domain %v lists scope %#x that is not in its slot", k, sc.id)
+			}
+		}
+		if p := d.schemes.Load(); p != nil {
+			for _, s := range *p {
+				if indexes[s.index] {
+					t.Fatalf("domain %v: two schemes share index %d", k, s.index)
+				}
+				indexes[s.index] = true
+			}
+		}
+		return true
+	})
+	e.tenants.Range(func(id string, ts *tenantState) bool {
+		if len(ts.models) == 0 {
+			t.Fatalf("tenant state %q without domains", id)
+		}
+		return true
+	})
+	for m, mc := range e.modelKeys {
+		if mc.domains != perModel[m] || mc.domains == 0 {
+			t.Fatalf("model %q counts %d domains, the map holds %d", m, mc.domains, perModel[m])
+		}
+	}
 }
 
 func TestInvariantsEmpty(t *testing.T) { checkInvariants(t, New(Config{})) }

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"github.com/inferencecache/inferencecache/arena"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/inferencecache/inferencecache/policy"
@@ -29,11 +30,12 @@ type LookupResult struct {
 	lfu   bool
 	nodes []uint64
 
-	// Scratch of the chain walk: the running set (run and its double
-	// buffer next), finished runners (fin) and sorted matched counts.
-	run, fin []runner
-	matched  []int64
-	prefix   []int64
+	// Scratch of the chain walk: the running set (run), finished runners
+	// (fin), the running set before the current step of the last,
+	// non-strict pass (undo) and sorted matched counts.
+	run, fin, undo []runner
+	matched        []int64
+	prefix         []int64
 	// cand and keys are the ranking scratch (emitRanked); sorted is the
 	// load-aware reranking's (rerankByLoad).
 	cand   []candidate
@@ -136,7 +138,10 @@ func (e *Engine) classifyMiss(tenant string, d *domain, sch *scheme) Strategy {
 // Each step updates the running set in place and validates the node's
 // sequence lock afterwards; if a writer changed the node meanwhile, the walk
 // starts over from block 0 (rare, and cheaper on average than keeping undo
-// state for every step). After maxWalkRestarts the walk accepts its view.
+// state for every step). After maxWalkRestarts the last pass keeps undo
+// state instead, and a race ends the walk at the raced block: every runner
+// still running there is reported with the blocks before it, never with a
+// block it was not seen to hold.
 func (e *Engine) walkChain(sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult) {
 	t := sc.table.Load()
 	stop := 0
@@ -159,13 +164,19 @@ const maxWalkRestarts = 16
 
 // walkOnce walks the chain once. It returns the index of the first block the
 // running set did not match (len(chain) when it matched all), and false when
-// a step raced a writer and strict is set.
+// a step raced a writer and strict is set. Not strict, a raced step ends the
+// walk at its block, with the running set and finished runners restored to
+// what they were before the step.
 func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult, strict bool) (int, bool) {
 	var hint uint32
 	for i, h := range req.BlockHashes {
 		k, ok := e.makeKey(h)
 		if !ok {
 			return i, true
+		}
+		fin := len(res.fin)
+		if !strict {
+			res.undo = append(res.undo[:0], res.run...)
 		}
 		st := stepMissing
 		var next uint32
@@ -181,8 +192,13 @@ func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int6
 				return i, true // removed since the table read
 			}
 		}
-		if st == stepRaced && strict {
-			return i, false
+		if st == stepRaced {
+			if strict {
+				return i, false
+			}
+			res.run = append(res.run[:0], res.undo...)
+			res.fin = res.fin[:fin]
+			return i, true
 		}
 		hint = next
 		if len(res.run) == 0 {
@@ -209,7 +225,10 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 	nd := e.arena.Block(off)
 	s1 := nd.Load(nSeq)
 	if s1&1 != 0 {
-		s1 = e.readSeq(off)
+		var ok bool
+		if s1, ok = e.readSeq(off); !ok {
+			return 0, stepRaced
+		}
 	}
 	meta := nd.Load(nMeta)
 	if !e.viewMatches(nd, meta, sc, k) {
@@ -219,7 +238,13 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 		return 0, stepMissing
 	}
 	count := metaCount(meta)
-	hb := e.arena.Block(nd.Load(nHolders))
+	// The holders are read before the window is validated: only from an
+	// allocated slab and no more than the block's class holds, and the
+	// final check rejects whatever a torn view read there.
+	hb, ok := e.arena.TryBlock(nd.Load(nHolders))
+	if !ok || !countFits(meta) {
+		return 0, stepRaced
+	}
 	if block == 0 {
 		for j := uint32(0); j < count; j++ {
 			h := j * holderWord
@@ -360,9 +385,17 @@ func (e *Engine) matchExact(sc *scope, req *LookupRequest, ttl, now int64, res *
 		return
 	}
 	nd := e.arena.Block(off)
-	for {
-		s1 := e.readSeq(off)
+	// A node that keeps changing through maxReadRetries attempts counts as
+	// absent: no torn view is ever ranked.
+	for attempt := 0; ; attempt++ {
 		res.fin = res.fin[:0]
+		if attempt == maxReadRetries {
+			return
+		}
+		s1, ok := e.readSeq(off)
+		if !ok {
+			return
+		}
 		meta := nd.Load(nMeta)
 		if !e.viewMatches(nd, meta, sc.id, &k) {
 			if nd.Load(nSeq) == s1 {
@@ -371,7 +404,10 @@ func (e *Engine) matchExact(sc *scope, req *LookupRequest, ttl, now int64, res *
 			continue
 		}
 		count := metaCount(meta)
-		hb := e.arena.Block(nd.Load(nHolders))
+		hb, ok := e.arena.TryBlock(nd.Load(nHolders))
+		if !ok || !countFits(meta) {
+			continue
+		}
 		for j := uint32(0); j < count; j++ {
 			h := j * holderWord
 			ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
@@ -569,28 +605,45 @@ func (e *Engine) Credit(res *LookupResult) {
 // tag: if the writer moved the holder meanwhile, the tag changed, the CAS
 // fails, and credit relocates the holder. It gives up after a few attempts
 // under heavy write contention (a lost credit only ages an entry slightly).
+//
+// It validates the node's window before following the holders offset, so
+// the holder count and block it searches belong together and the LFU word
+// lies inside that block. A late CAS (the writer freed the block after the
+// validation) can only meet a holder record: blocks of holder size are only
+// ever reused as holder blocks (see hashWords), and every reuse retags.
 func (e *Engine) credit(ref uint64, rid uint16) {
 	off, gen := uint32(ref), uint32(ref>>32)
+	nd := e.arena.Block(off)
 	for attempt := 0; attempt < 8; attempt++ {
-		s1 := e.readSeq(off)
-		meta := e.w(off + nMeta)
-		if meta&metaLive == 0 || e.w(off+nGen) != gen {
+		s1, ok := e.readSeq(off)
+		if !ok {
 			return
 		}
-		block := e.w(off + nHolders)
-		idx, found := e.findHolder(block, metaCount(meta), rid)
-		var word, old uint32
-		if found {
-			word = holderAt(block, idx) + hLFU
-			old = e.w(word)
+		meta, g, block := nd.Load(nMeta), nd.Load(nGen), nd.Load(nHolders)
+		if nd.Load(nSeq) != s1 {
+			continue
 		}
-		if e.w(off+nSeq) != s1 {
+		if meta&metaLive == 0 || g != gen {
+			return
+		}
+		hb, ok := e.arena.TryBlock(block)
+		if !ok || !countFits(meta) {
+			return
+		}
+		idx, found := findHolderIn(hb, metaCount(meta), rid)
+		var lfu *atomic.Uint32
+		var old uint32
+		if found {
+			lfu = hb.At(idx*holderWord + hLFU)
+			old = lfu.Load()
+		}
+		if nd.Load(nSeq) != s1 {
 			continue
 		}
 		if !found || old&lfuCountMask == lfuCountMask {
 			return
 		}
-		if e.arena.Word(word).CompareAndSwap(old, old+1) {
+		if lfu.CompareAndSwap(old, old+1) {
 			return
 		}
 	}

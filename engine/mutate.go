@@ -47,6 +47,7 @@ func (e *Engine) domainLocked(tenant, model string) *domain {
 		d.mc = &modelCount{model: model}
 		e.modelKeys[model] = d.mc
 	}
+	d.mc.domains++
 	ts.models = append(ts.models, d)
 	e.domains.Store(domainKey{tenant, model}, d)
 	return d
@@ -61,23 +62,36 @@ func (e *Engine) schemeLocked(d *domain, name string) *scheme {
 	if p := d.schemes.Load(); p != nil {
 		list = *p
 	}
-	s := &scheme{name: name, index: len(list), d: d}
+	// The smallest index no live scheme uses: a reclaimed scheme's index
+	// is free again (every replica's count for it is 0 by then).
+	index := 0
+	for i := 0; i < len(list); i++ {
+		if list[i].index == index {
+			index, i = index+1, -1
+		}
+	}
+	s := &scheme{name: name, index: index, d: d}
 	s.serving.Store(&servingSet{})
 	next := append(slices.Clip(list), s)
 	d.schemes.Store(&next)
 	return s
 }
 
-// scopeLocked returns the scheme's scope for adapter, creating it.
-func (e *Engine) scopeLocked(d *domain, s *scheme, adapter string) *scope {
+// scopeLocked returns the scheme's scope for adapter, creating it. It
+// returns nil when every scope slot is taken or quarantined.
+func (e *Engine) scopeLocked(d *domain, s *scheme, adapter string, now int64) *scope {
 	if sc := s.findScope(adapter); sc != nil {
 		return sc
 	}
-	sc := &scope{id: uint32(len(e.scopes)), d: d, sch: s, adapter: adapter}
+	id, ok := e.newScopeIDLocked(now)
+	if !ok {
+		return nil
+	}
+	sc := &scope{id: id, d: d, sch: s, adapter: adapter}
 	t := newTable(0)
 	sc.table.Store(t)
 	e.tableBytes += t.bytes()
-	e.scopes = append(e.scopes, sc)
+	e.scopes[scopeSlot(id)] = sc
 	var list []*scope
 	if p := s.scopes.Load(); p != nil {
 		list = *p
@@ -90,6 +104,9 @@ func (e *Engine) scopeLocked(d *domain, s *scheme, adapter string) *scope {
 // replicaLocked returns the domain's replica named name, creating it. It
 // returns nil when the domain has no free replica id.
 func (e *Engine) replicaLocked(d *domain, name string, now int64) *replica {
+	if d.dead {
+		panic("BUG: writing into a reclaimed domain")
+	}
 	if id, ok := d.byName[name]; ok {
 		return d.replicaSlots()[id]
 	}
@@ -118,17 +135,45 @@ func (e *Engine) replicaLocked(d *domain, name string, now int64) *replica {
 // maybeFreeReplicaLocked releases a replica id that holds no keys and no
 // stats, after a quarantine (see replicaQuarantineUs).
 func (e *Engine) maybeFreeReplicaLocked(d *domain, r *replica, now int64) {
-	if r.keys.Load() != 0 || r.stats.Load() != nil {
+	if !e.unregisterLocked(d, r, now) {
 		return
 	}
-	if cur, ok := d.byName[r.name]; !ok || cur != r.id {
-		return
-	}
-	delete(d.byName, r.name)
 	next := slices.Clone(d.replicaSlots())
 	next[r.id] = nil
 	d.replicas.Store(newReplicaTable(next))
+}
+
+// freeReplicasLocked is maybeFreeReplicaLocked for several replicas of d,
+// publishing one replica table for all of them.
+func (e *Engine) freeReplicasLocked(d *domain, rs []*replica, now int64) {
+	var next []*replica
+	for _, r := range rs {
+		if !e.unregisterLocked(d, r, now) {
+			continue
+		}
+		if next == nil {
+			next = slices.Clone(d.replicaSlots())
+		}
+		next[r.id] = nil
+	}
+	if next != nil {
+		d.replicas.Store(newReplicaTable(next))
+	}
+}
+
+// unregisterLocked drops the name of a replica that holds no keys and no
+// stats and queues its id for reuse after the quarantine. The caller
+// removes it from the replica table.
+func (e *Engine) unregisterLocked(d *domain, r *replica, now int64) bool {
+	if r.keys.Load() != 0 || r.stats.Load() != nil {
+		return false
+	}
+	if cur, ok := d.byName[r.name]; !ok || cur != r.id {
+		return false
+	}
+	delete(d.byName, r.name)
 	d.freeIDs = append(d.freeIDs, freeID{id: r.id, after: now + replicaQuarantineUs})
+	return true
 }
 
 // setServingLocked rebuilds a scheme's serving set after replica r's key
@@ -286,15 +331,21 @@ func (e *Engine) freeNodeLocked(sc *scope, off uint32) {
 	e.deleteLocked(sc, &k, off)
 	block := e.w(off + nHolders)
 	class := metaClass(meta)
+	gen := e.w(off+nGen) + 1
 	s := e.beginWrite(off)
 	e.setWord(off+nMeta, 0)
-	e.setWord(off+nGen, e.w(off+nGen)+1)
+	e.setWord(off+nGen, gen)
 	e.endWrite(off, s)
 	e.arena.Free(block, holderCaps[class]*holderWord)
 	if metaKind(meta) == kindBytes {
 		e.arena.Free(e.w(off+nHashLo), hashWords(int(e.w(off+nHashHi))))
 	}
-	e.arena.Free(off, nodeWords)
+	if gen&capGenMask == 0 {
+		// Parked until the cap queue forgets this node's records (capRec).
+		e.wrapped = append(e.wrapped, off)
+	} else {
+		e.arena.Free(off, nodeWords)
+	}
 	e.countKeyLocked(sc, -1)
 }
 

@@ -33,11 +33,16 @@ import (
 // waits; it then reads every field it needs with atomic loads, including
 // holder words reached through the holders offset, and loads seq again. If
 // the two loads differ, the writer touched the node meanwhile and the reader
-// retries. A reader never trusts an offset it did not validate this way: a
-// table slot or successor hint only nominates a node, and the reader checks
-// liveness, scope and hash inside the window. A freed node is never returned
-// to the Go heap (the arena keeps it addressable) and is reused only for a
-// new key, so a stale offset reads a dead or different node and is rejected.
+// retries (a bounded number of times; see readSeq). A reader never trusts
+// what it did not validate this way: a table slot or successor hint only
+// nominates a node, and the reader checks liveness, scope and hash inside
+// the window. A freed node is never returned to the Go heap (the arena
+// keeps it addressable) and is reused only for a new key, so a stale offset
+// reads a dead or different node and is rejected. Offsets read inside a
+// window (holders, hash bytes) may be torn from two lives of the node, so a
+// reader follows them only through arena.TryBlock and checks the holder
+// count against its class (countFits) before walking holders: a torn view
+// never faults, and the closing check rejects it.
 //
 // Writer protocol. The single writer (engine.mu held) stores seq+1, changes
 // fields, then stores seq+2. Holder blocks change only inside such a window,
@@ -85,6 +90,22 @@ var holderCaps = func() []uint32 {
 	}
 	return caps
 }()
+
+// classCaps is holderCaps as an array indexed by class&31, zero past the
+// last class, so a reader can check a count against its class without a
+// bounds check (see countFits).
+var classCaps = func() (a [32]uint32) {
+	if len(holderCaps) > len(a) {
+		panic("BUG: more holder classes than classCaps holds")
+	}
+	copy(a[:], holderCaps)
+	return a
+}()
+
+// countFits reports whether meta's holder count fits its block's class. A
+// reader checks it before walking holders: a view torn between two lives
+// of a node can pair a large count with a small block.
+func countFits(meta uint32) bool { return metaCount(meta) <= classCaps[metaClass(meta)&31] }
 
 func classFor(n uint32) uint32 {
 	for i, c := range holderCaps {
@@ -153,39 +174,56 @@ func mix64(x uint64) uint64 {
 // w is shorthand for an arena word.
 func (e *Engine) w(off uint32) uint32 { return e.arena.Word(off).Load() }
 
-// readSeq waits out an active writer and returns an even sequence value.
-func (e *Engine) readSeq(off uint32) uint32 {
-	for spins := 0; ; spins++ {
-		s := e.arena.Word(off + nSeq).Load()
-		if s&1 == 0 {
-			return s
+// Bounds of the reader's waits and retries. A writer keeps a node odd for
+// well under a microsecond, but it can be descheduled mid-write; readers
+// then give up on the node (treat it as absent, or end a chain walk there)
+// rather than wait on it without bound.
+const (
+	// seqSpins is how often readSeq polls before yielding, and seqYields
+	// how often it yields before giving up.
+	seqSpins  = 64
+	seqYields = 64
+	// maxReadRetries bounds the retries of a single-node read (nodeIs,
+	// matchExact) whose sequence check keeps failing.
+	maxReadRetries = 16
+)
+
+// readSeq waits out an active writer and returns an even sequence value,
+// or false when the node stayed mid-write through the whole wait.
+func (e *Engine) readSeq(off uint32) (uint32, bool) {
+	w := e.arena.Word(off + nSeq)
+	for i := 0; i < seqSpins+seqYields; i++ {
+		if s := w.Load(); s&1 == 0 {
+			return s, true
 		}
-		if spins > 64 {
+		if i >= seqSpins {
 			runtime.Gosched()
 		}
 	}
+	return 0, false
 }
 
-// keyMatchesLocked reports whether a live node at off holds key k in scope.
+// keyMatches reports whether a live node at off holds key k in scope.
 // The caller reads inside a sequence-lock window (or is the writer).
 func (e *Engine) keyMatches(off, scope uint32, k *key) bool {
-	meta := e.w(off + nMeta)
-	if meta&metaLive == 0 || metaKind(meta) != k.kind || e.w(off+nScope) != scope {
-		return false
-	}
-	if k.kind == kindU64 {
-		return e.w(off+nHashLo) == uint32(k.v) && e.w(off+nHashHi) == uint32(k.v>>32)
-	}
-	return e.bytesEqual(e.w(off+nHashLo), e.w(off+nHashHi), k.b)
+	return e.viewMatches(e.arena.Block(off), e.w(off+nMeta), scope, k)
 }
 
-// bytesEqual compares the n hash bytes stored at word offset at with b.
+// bytesEqual compares the n hash bytes stored at word offset at with b. A
+// reader may pass an offset and length torn from two lives of a node (the
+// kind it read said "bytes", the words it read next belonged to an 8-byte
+// key), so the offset is bounds-checked before it is followed; whatever the
+// words then say, the reader's sequence check rejects the view.
 func (e *Engine) bytesEqual(at, n uint32, b []byte) bool {
 	if int(n) != len(b) {
 		return false
 	}
+	hb, ok := e.arena.TryBlock(at)
+	if !ok {
+		return false
+	}
 	for i := 0; i < len(b); i += 4 {
-		word := e.w(at + uint32(i/4))
+		word := hb.Load(uint32(i / 4))
 		for j := 0; j < 4 && i+j < len(b); j++ {
 			if byte(word>>(8*j)) != b[i+j] {
 				return false
@@ -209,15 +247,21 @@ func (e *Engine) appendHashBytes(dst []byte, off uint32) []byte {
 	return dst
 }
 
-// hashWords is the size of the block that stores n hash bytes. It is never
-// nodeWords: the arena recycles blocks by exact size, so keeping the node
-// size exclusive to nodes (holder blocks are multiples of holderWord = 5)
-// guarantees a node's memory is only ever reused for another node. A reader
-// holding a stale node offset therefore always reads a well-formed node
-// whose sequence word is a real sequence lock.
+// hashWords is the size of the block that stores n hash bytes. The arena
+// recycles blocks by exact size, and the three kinds of block keep disjoint
+// sizes: nodes are nodeWords (8), holder blocks multiples of holderWord (5),
+// hash blocks anything else. So a block's memory is only ever reused for a
+// block of its own kind:
+//   - a reader holding a stale node offset always reads a well-formed node
+//     whose sequence word is a real sequence lock;
+//   - a credit CAS that validated an LFU word and then lost the race to the
+//     writer can only land on a holder record's LFU word, whose tag every
+//     move and reuse changes, so the CAS fails; it can never land on hash
+//     bytes (which a producer chooses, so it could make one look like the
+//     old LFU word and have its key corrupted).
 func hashWords(n int) uint32 {
 	w := uint32(max((n+3)/4, 1))
-	if w == nodeWords {
+	for w == nodeWords || w%holderWord == 0 {
 		w++
 	}
 	return w
@@ -249,10 +293,15 @@ func (e *Engine) holderTs(h uint32) int64 {
 // findHolder returns the index of replica rid in the holder block, or the
 // insertion point and false. Holders are sorted by rid.
 func (e *Engine) findHolder(block, count uint32, rid uint16) (uint32, bool) {
+	return findHolderIn(e.arena.Block(block), count, rid)
+}
+
+// findHolderIn is findHolder over a block view.
+func findHolderIn(hb arena.Block, count uint32, rid uint16) (uint32, bool) {
 	lo, hi := uint32(0), count
 	for lo < hi {
 		mid := (lo + hi) / 2
-		r := uint16(e.w(holderAt(block, mid) + hRidTier))
+		r := uint16(hb.Load(mid*holderWord + hRidTier))
 		switch {
 		case r == rid:
 			return mid, true
@@ -299,5 +348,3 @@ func (e *Engine) retireLFU(w uint32) {
 		}
 	}
 }
-
-var _ = arena.FirstOffset

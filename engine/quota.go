@@ -43,7 +43,7 @@ func (e *Engine) quotaRecState(rec uint64, maxTs int64) (sc *scope, ok bool) {
 	if meta&metaLive == 0 || e.w(off+nGen) != gen || e.nodeMaxTsLocked(off) != maxTs {
 		return nil, false
 	}
-	return e.scopes[e.w(off+nScope)], true
+	return e.scopeByID(e.w(off + nScope)), true
 }
 
 // buildQuotaLocked creates the quota queue of a tenant from its current keys.

@@ -293,6 +293,29 @@ func (m *refModel) Sweep(now int64) {
 	}
 }
 
+// liveStructures names what the engine must keep after a sweep: a domain
+// per (tenant, model) with a key or stats, a scope per (tenant, model,
+// scheme, adapter) with a key, and the tenants and models of those domains.
+// (Reclamation changes no answer; this is the one place it is observable.)
+func (m *refModel) liveStructures() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]bool{}
+	domain := func(tenant, model string) {
+		out["domain "+tenant+"/"+model] = true
+		out["tenant "+tenant] = true
+		out["model "+model] = true
+	}
+	for k := range m.prefixes {
+		domain(k.tenant, k.model)
+		out["scope "+k.tenant+"/"+k.model+"/"+k.scheme+"/"+k.adapter] = true
+	}
+	for k := range m.stats {
+		domain(k.tenant, k.model)
+	}
+	return out
+}
+
 // servingSet is servingByScope: replicas holding a key in (tenant, model,
 // scheme), sorted.
 func (m *refModel) servingSet(tenant, model, scheme string) []string {
@@ -593,6 +616,9 @@ func (e *Engine) dump() []dumpEntry {
 	defer e.mu.Unlock()
 	var out []dumpEntry
 	for _, sc := range e.scopes[1:] {
+		if sc == nil {
+			continue
+		}
 		slots := sc.d.replicaSlots()
 		e.forEachNodeLocked(sc, func(off uint32) {
 			k := refKey{sc.d.tenant, sc.d.model, sc.sch.name, sc.adapter, string(e.appendHashBytes(nil, off))}

@@ -59,15 +59,20 @@ func (e *Engine) find(t *table, sc uint32, k *key) uint32 {
 }
 
 // nodeIs validates, under the node's sequence lock, that off is a live node
-// for k in scope sc.
+// for k in scope sc. A node that keeps changing through maxReadRetries
+// attempts counts as not matching.
 func (e *Engine) nodeIs(off, sc uint32, k *key) bool {
-	for {
-		s1 := e.readSeq(off)
-		ok := e.keyMatches(off, sc, k)
+	for range maxReadRetries {
+		s1, ok := e.readSeq(off)
+		if !ok {
+			return false
+		}
+		match := e.keyMatches(off, sc, k)
 		if e.w(off+nSeq) == s1 {
-			return ok
+			return match
 		}
 	}
+	return false
 }
 
 // findLocked is find for the writer, which needs no sequence lock. It also

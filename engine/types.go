@@ -235,7 +235,9 @@ func (p staticPolicies) Load() *policy.Snapshot { return p.s }
 func StaticPolicies(s *policy.Snapshot) Policies { return staticPolicies{s} }
 
 // Metrics receives the index's counters. Implementations must be safe for
-// concurrent use; the index calls them outside its locks.
+// concurrent use and must not call back into the Engine: the index calls
+// them outside its writer lock, one write's reports at a time and in write
+// order (so the last SetIndexEntries of a model carries its latest count).
 type Metrics interface {
 	// AddIndexEvictions counts n storage entries removed by the index itself:
 	// reason "cap" (entry cap or byte budget) or "ttl" (freshness sweep),
