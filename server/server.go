@@ -87,6 +87,14 @@ type Config struct {
 	// EnablePprof mounts /debug/pprof/ on the public listener.
 	EnablePprof bool
 
+	// MetricsModels always get their own lookup series (--metrics-models);
+	// other models get them only while the index holds keys for them.
+	MetricsModels []string
+	// MetricsModelGrace is how long a model that drained to 0 keys keeps its
+	// own series (--metrics-model-grace); 0 means
+	// servermetrics.DefaultModelGrace.
+	MetricsModelGrace time.Duration
+
 	// Control endpoint auth. With InsecureDisableAuth the three endpoints
 	// are open (development only; logged at ERROR). Otherwise
 	// AllowedControllerSA ("system:serviceaccount:<ns>:<name>") is required
@@ -134,6 +142,7 @@ func DefaultConfig() Config {
 		KeepaliveMinTime:   DefaultKeepaliveMinTime,
 		MaxRecvMsgBytes:    DefaultMaxRecvMsgBytes,
 		DrainTimeout:       DefaultDrainTimeout,
+		MetricsModelGrace:  servermetrics.DefaultModelGrace,
 	}
 }
 
@@ -191,7 +200,10 @@ func New(cfg Config) (*Server, error) {
 	}
 
 	s := &Server{cfg: cfg, log: log, readyCh: make(chan struct{}), tls: creds != nil}
-	s.metrics = servermetrics.New()
+	s.metrics, err = servermetrics.NewWithOptions(servermetrics.Options{Models: cfg.MetricsModels, ModelGrace: cfg.MetricsModelGrace})
+	if err != nil {
+		return nil, fmt.Errorf("%w: --metrics-models or --metrics-model-grace: %w", ErrInvalidConfig, err)
+	}
 	s.metrics.SetTLSEnabled(s.tls)
 	s.policies = policy.NewStore()
 	s.engine = engine.New(engine.Config{
@@ -276,6 +288,8 @@ func validate(cfg *Config) error {
 		return fmt.Errorf("%w: --sweep-interval must be positive, got %v", ErrInvalidConfig, cfg.SweepInterval)
 	case cfg.MaxRecvMsgBytes < 0:
 		return fmt.Errorf("%w: negative max receive message size %d", ErrInvalidConfig, cfg.MaxRecvMsgBytes)
+	case cfg.MetricsModelGrace < 0:
+		return fmt.Errorf("%w: negative --metrics-model-grace %v", ErrInvalidConfig, cfg.MetricsModelGrace)
 	}
 	if cfg.KeepaliveTime <= 0 {
 		cfg.KeepaliveTime = DefaultKeepaliveTime
@@ -527,7 +541,8 @@ func (s *Server) drain() {
 	s.log.Info("drained", "took", time.Since(start).Round(time.Millisecond))
 }
 
-// sweepLoop runs the index's TTL sweep every SweepInterval until ctx ends.
+// sweepLoop runs the index's TTL sweep every SweepInterval until ctx ends,
+// then retires the metric series of models drained for the grace period.
 func (s *Server) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
@@ -539,6 +554,9 @@ func (s *Server) sweepLoop(ctx context.Context) {
 			n := s.engine.Sweep(engine.Micros(now))
 			if n > 0 {
 				s.log.Debug("ttl sweep", "removed", n, "took", time.Since(now).Round(time.Microsecond))
+			}
+			if n := s.metrics.RetireDrainedModels(); n > 0 {
+				s.log.Debug("retired the metric series of drained models", "models", n)
 			}
 		}
 	}
