@@ -18,21 +18,38 @@ import (
 // the stream. A receive error other than the half-close ends the call with
 // that error.
 //
+// An update with an id over MaxIDBytes is refused whole; the stream goes
+// on, and its end is answered InvalidArgument naming the first such field
+// instead of the Ack.
+//
 // The stream reuses one message and one engine.Update (with its prefix
 // slice) for all its updates: the index copies what it keeps.
 func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServer) error {
 	var (
 		msg pb.CacheStateUpdate
 		cv  updateConverter
+		// firstBad is the first refused update's oversized id; refused
+		// counts the refused updates.
+		firstBad oversizedID
+		refused  int
 	)
 	for {
 		if err := stream.RecvMsg(&msg); err != nil {
 			if errors.Is(err, io.EOF) {
+				if refused > 0 {
+					return firstBad.err("updates with an oversized id", refused)
+				}
 				return stream.SendAndClose(&pb.Ack{Accepted: true})
 			}
 			return err
 		}
 		if msg.GetTenantId() == policy.ReservedTenantID {
+			continue
+		}
+		if o := updateOversizedID(&msg); o.found() {
+			if refused++; refused == 1 {
+				firstBad = o
+			}
 			continue
 		}
 		s.index.Ingest(cv.convert(&msg), s.now().UnixMicro())
@@ -88,10 +105,14 @@ func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
 	return &c.u
 }
 
-// PublishEvent applies one CacheEvent (contract §1.2) and always answers
+// PublishEvent applies one CacheEvent (contract §1.2) and answers
 // Ack{accepted: true}. Events for the reserved probe tenant are acknowledged
-// and not applied; PREFIX_ADDED and unknown types are no-ops.
+// and not applied; PREFIX_ADDED and unknown types are no-ops. An event with
+// an id over MaxIDBytes is refused with InvalidArgument.
 func (s *Service) PublishEvent(_ context.Context, ev *pb.CacheEvent) (*pb.Ack, error) {
+	if o := eventOversizedID(ev); o.found() {
+		return nil, o.err("event with an oversized id", 1)
+	}
 	if ev.GetTenantId() != policy.ReservedTenantID {
 		s.index.ApplyEvent(&engine.Event{
 			Type:        engine.EventType(ev.GetType()),

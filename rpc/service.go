@@ -61,6 +61,13 @@ const (
 	// MaxConcurrentTokenize caps tokenizations in flight; a busy tokenizer
 	// sheds to NO_HINT.
 	MaxConcurrentTokenize = 64
+	// MaxIDBytes caps every id a request carries: tenant_id, model_id,
+	// replica_id, hash_scheme and adapter_id (an update's and each prefix
+	// entry's). Longer ids are refused with InvalidArgument on the producer
+	// RPCs and answered NO_HINT by LookupRoute, before the index is read.
+	// Kubernetes names, Hugging Face model ids and engine paths fit well
+	// within it.
+	MaxIDBytes = 1024
 )
 
 // Index is what the Service needs from the cache index; *engine.Engine
