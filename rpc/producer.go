@@ -15,7 +15,8 @@ import (
 // half-closes. Updates for the reserved probe tenant are dropped silently.
 // Malformed content (unbalanced chains, empty or oversized hashes, NaN
 // stats, unknown tiers) is the index's to drop or normalize; it never fails
-// the stream. A receive error other than the half-close ends the call with
+// the stream. What the index does not apply is counted by reason (see
+// DropReasons) and logged at most once a minute. A receive error other than the half-close ends the call with
 // that error.
 //
 // An update with an id over MaxIDBytes is refused whole; the stream goes
@@ -50,9 +51,15 @@ func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServ
 			if refused++; refused == 1 {
 				firstBad = o
 			}
+			s.droppedUpdate(&msg)
 			continue
 		}
-		s.index.Ingest(cv.convert(&msg), s.now().UnixMicro())
+		u := cv.convert(&msg)
+		res := s.index.Ingest(u, s.now().UnixMicro())
+		if res.Dropped > 0 || u.ReplicaID == "" || (u.HashScheme == "" && len(u.Prefixes) > 0) {
+			t := updateDrops(u, res)
+			s.dropped(&t, u.TenantID, u.ModelID, u.ReplicaID)
+		}
 	}
 }
 
@@ -107,23 +114,32 @@ func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
 
 // PublishEvent applies one CacheEvent (contract §1.2) and answers
 // Ack{accepted: true}. Events for the reserved probe tenant are acknowledged
-// and not applied; PREFIX_ADDED and unknown types are no-ops. An event with
-// an id over MaxIDBytes is refused with InvalidArgument.
+// and not applied; PREFIX_ADDED is a no-op. Events the index cannot apply
+// (an unknown type, a missing replica id, a bad hash) are acknowledged and
+// counted as dropped. An event with an id over MaxIDBytes is refused with
+// InvalidArgument.
 func (s *Service) PublishEvent(_ context.Context, ev *pb.CacheEvent) (*pb.Ack, error) {
 	if o := eventOversizedID(ev); o.found() {
+		s.droppedEvent(ev, dropOversizedID)
 		return nil, o.err("event with an oversized id", 1)
 	}
-	if ev.GetTenantId() != policy.ReservedTenantID {
-		s.index.ApplyEvent(&engine.Event{
-			Type:        engine.EventType(ev.GetType()),
-			ReplicaID:   ev.GetReplicaId(),
-			ModelID:     ev.GetModelId(),
-			TenantID:    ev.GetTenantId(),
-			PrefixHash:  ev.GetPrefixHash(),
-			TimestampUs: ev.GetTimestampUs(),
-			AdapterID:   ev.GetAdapterId(),
-		}, s.now().UnixMicro())
+	if ev.GetTenantId() == policy.ReservedTenantID {
+		return &pb.Ack{Accepted: true}, nil
 	}
+	if r := eventDrop(ev); r != dropNone {
+		// The index would ignore it; count it instead.
+		s.droppedEvent(ev, r)
+		return &pb.Ack{Accepted: true}, nil
+	}
+	s.index.ApplyEvent(&engine.Event{
+		Type:        engine.EventType(ev.GetType()),
+		ReplicaID:   ev.GetReplicaId(),
+		ModelID:     ev.GetModelId(),
+		TenantID:    ev.GetTenantId(),
+		PrefixHash:  ev.GetPrefixHash(),
+		TimestampUs: ev.GetTimestampUs(),
+		AdapterID:   ev.GetAdapterId(),
+	}, s.now().UnixMicro())
 	return &pb.Ack{Accepted: true}, nil
 }
 

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/inferencecache/inferencecache/policy"
 	"github.com/inferencecache/inferencecache/rpc"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -149,5 +152,45 @@ func TestDrainedModelSeriesRetired(t *testing.T) {
 	}
 	if got, ok := servertest.Value(fams, servermetrics.NameIndexEntries, "model=pinned"); !ok || got != 0 {
 		t.Fatalf("index_entries{pinned} = %v (present %v), want 0", got, ok)
+	}
+}
+
+// TestOversizedIDsOverTheWire: through the real server, a 1 MiB tenant id
+// is refused (InvalidArgument) and counted as dropped, a 7 MB model name in
+// a lookup answers NO_HINT and leaves /metrics as small as it was, and a
+// malformed chain is counted under its reason.
+func TestOversizedIDsOverTheWire(t *testing.T) {
+	s := start(t, testConfig())
+	before := len(servertest.ScrapeText(t, s.Server))
+	a, ac := chain(1, 2)
+
+	st, err := s.cli.ReportCacheState(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []*pb.CacheStateUpdate{
+		{TenantId: strings.Repeat("t", 1<<20), ModelId: "llama", HashScheme: "vllm", ReplicaId: "r1", Prefixes: []*pb.PrefixEntry{{BlockHashes: a, BlockTokenCounts: ac}}},
+		{TenantId: "team", ModelId: "llama", HashScheme: "vllm", ReplicaId: "r1", Prefixes: []*pb.PrefixEntry{{BlockHashes: a, BlockTokenCounts: ac[:1]}}},
+	} {
+		if err := st.Send(u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.CloseAndRecv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tenant_id") {
+		t.Fatalf("1 MiB tenant id: %v, want InvalidArgument naming tenant_id", err)
+	}
+	resp, err := s.cli.LookupRoute(tctx(t), &pb.LookupRouteRequest{TenantId: "team", ModelId: strings.Repeat("m", 7<<20), HashScheme: "vllm", BlockHashes: a, BlockTokenCounts: ac})
+	if err != nil || resp.GetReasonCode() != rpc.ReasonNoHint {
+		t.Fatalf("7 MB model: %v, %v; want NO_HINT", resp, err)
+	}
+	text := servertest.ScrapeText(t, s.Server)
+	if len(text) > before+16<<10 {
+		t.Fatalf("/metrics grew from %d to %d bytes", before, len(text))
+	}
+	fams := servertest.Scrape(t, s.Server)
+	for reason, want := range map[string]float64{rpc.DropOversizedID: 1, rpc.DropMalformedChain: 1, rpc.DropIndexFull: 0} {
+		if got, ok := servertest.Value(fams, servermetrics.NameDroppedReports, "reason="+reason); !ok || got != want {
+			t.Errorf("dropped_reports_total{reason=%s} = %v (present %v), want %v", reason, got, ok, want)
+		}
 	}
 }

@@ -213,6 +213,7 @@ func New(cfg Config) (*Server, error) {
 		Metrics:    s.metrics,
 	})
 	s.metrics.RegisterIndex(s.engine.Memory)
+	s.metrics.DeclareDropReasons(rpc.DropReasons...)
 	var idx rpc.Index = s.engine
 	if cfg.WrapIndex != nil {
 		idx = cfg.WrapIndex(idx)
@@ -221,6 +222,7 @@ func New(cfg Config) (*Server, error) {
 		Index:     idx,
 		Policies:  s.policies,
 		Observer:  s.metrics,
+		Drops:     s.metrics,
 		BlockSize: cfg.EngineBlockSize,
 		Logger:    log,
 	})

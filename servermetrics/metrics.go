@@ -11,6 +11,8 @@
 //   - the /snapshot, /policy and /probe auth middlewares record through the
 //     AuthRecorder values (controlserver/auth.Recorder) returned by
 //     SnapshotAuth, PolicyAuth and ProbeAuth;
+//   - the producer RPCs count what the index did not apply through
+//     AddDroppedReports (rpc.DropObserver);
 //   - the server lifecycle sets SetUp and SetTLSEnabled, and calls
 //     RetireDrainedModels periodically.
 //
@@ -100,6 +102,7 @@ type Metrics struct {
 	snapshotAuth    *prometheus.CounterVec   // result
 	policyAuth      *prometheus.CounterVec   // result
 	probeAuth       *prometheus.CounterVec   // result
+	drops           dropCounters             // reason
 
 	// other is the shared series of every model without its own; set by
 	// NewWithOptions and never changed.
@@ -224,6 +227,7 @@ func NewWithOptions(o Options) (*Metrics, error) {
 		snapshotAuth: authVec("snapshot_auth_total", "/snapshot"),
 		policyAuth:   authVec("policy_auth_total", "/policy"),
 		probeAuth:    authVec("probe_auth_total", "/probe"),
+		drops:        newDropCounters(),
 		grace:        o.ModelGrace,
 		now:          o.Now,
 		models:       xsync.NewMapOf[string, *modelSeries](),
@@ -246,6 +250,7 @@ func NewWithOptions(o Options) (*Metrics, error) {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.up, m.tlsEnabled, m.indexEntries, m.lookupCalls, m.lookupLatency,
 		m.tenantEvictions, m.indexEvictions, m.snapshotAuth, m.policyAuth, m.probeAuth,
+		m.drops.vec,
 	)
 	return m, nil
 }
