@@ -123,6 +123,11 @@ type Config struct {
 	WrapIndex func(rpc.Index) rpc.Index
 	// T2 is the probe's tier-2 prober; production wires none.
 	T2 probe.T2Prober
+
+	// wrapHTTP, set only by tests (export_test.go), wraps each HTTP
+	// listener's handler inside the panic recovery; listener is "http" or
+	// "control".
+	wrapHTTP func(listener string, h http.Handler) http.Handler
 }
 
 // DefaultConfig returns the production defaults (auth enabled, so
@@ -240,6 +245,9 @@ func New(cfg Config) (*Server, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: cfg.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+		// Outermost: a handler panic fails its call, not the process.
+		grpc.ChainUnaryInterceptor(s.recoverUnary),
+		grpc.ChainStreamInterceptor(s.recoverStream),
 	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
@@ -252,8 +260,12 @@ func New(cfg Config) (*Server, error) {
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 
-	s.public = &http.Server{Handler: s.publicHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	s.internal = &http.Server{Handler: control, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	public := s.publicHandler()
+	if cfg.wrapHTTP != nil {
+		public, control = cfg.wrapHTTP("http", public), cfg.wrapHTTP("control", control)
+	}
+	s.public = &http.Server{Handler: s.recoverHTTP(servermetrics.ListenerHTTP, public), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	s.internal = &http.Server{Handler: s.recoverHTTP(servermetrics.ListenerControl, control), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
 	if err := s.listen(); err != nil {
 		return nil, err

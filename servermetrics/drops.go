@@ -5,9 +5,20 @@ import (
 	"github.com/puzpuzpuz/xsync/v3"
 )
 
-// NameDroppedReports is the producer-drop counter this project adds beyond
-// the spec's table (documented in docs/metrics.md).
-const NameDroppedReports = "inferencecache_dropped_reports_total"
+// Counters this project adds beyond the spec's table (documented in
+// docs/metrics.md): producer reports the index did not apply, and handler
+// panics the server recovered from.
+const (
+	NameDroppedReports  = "inferencecache_dropped_reports_total"
+	NameRecoveredPanics = "inferencecache_recovered_panics_total"
+)
+
+// Listener label values of recovered_panics_total.
+const (
+	ListenerGRPC    = "grpc"
+	ListenerHTTP    = "http"
+	ListenerControl = "control"
+)
 
 // dropCounters is inferencecache_dropped_reports_total{reason} with its
 // children resolved once per reason: the reasons are the gRPC handlers' fixed
@@ -52,4 +63,28 @@ func (m *Metrics) AddDroppedReports(reason string, n int) {
 	if n > 0 {
 		m.drops.child(reason).Add(float64(n))
 	}
+}
+
+// newPanicCounters builds recovered_panics_total{listener} with the three
+// listeners' children, exported at 0 from the start.
+func newPanicCounters() (*prometheus.CounterVec, map[string]prometheus.Counter) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "recovered_panics_total",
+		Help: "Handler panics recovered by the server (the request got Internal or 500), by listener: grpc, http (public) or control.",
+	}, []string{"listener"})
+	byListener := map[string]prometheus.Counter{}
+	for _, l := range []string{ListenerGRPC, ListenerHTTP, ListenerControl} {
+		byListener[l] = vec.WithLabelValues(l)
+	}
+	return vec, byListener
+}
+
+// RecoveredPanic counts one handler panic the server recovered from on
+// listener (ListenerGRPC, ListenerHTTP or ListenerControl).
+func (m *Metrics) RecoveredPanic(listener string) {
+	c, ok := m.panicsByListener[listener]
+	if !ok {
+		c = m.panics.WithLabelValues(listener)
+	}
+	c.Inc()
 }

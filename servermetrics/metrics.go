@@ -13,6 +13,7 @@
 //     SnapshotAuth, PolicyAuth and ProbeAuth;
 //   - the producer RPCs count what the index did not apply through
 //     AddDroppedReports (rpc.DropObserver);
+//   - the server's panic recovery counts through RecoveredPanic;
 //   - the server lifecycle sets SetUp and SetTLSEnabled, and calls
 //     RetireDrainedModels periodically.
 //
@@ -103,6 +104,10 @@ type Metrics struct {
 	policyAuth      *prometheus.CounterVec   // result
 	probeAuth       *prometheus.CounterVec   // result
 	drops           dropCounters             // reason
+	panics          *prometheus.CounterVec   // listener
+	// panicsByListener holds panics' fixed children; built by
+	// NewWithOptions, read-only afterwards.
+	panicsByListener map[string]prometheus.Counter
 
 	// other is the shared series of every model without its own; set by
 	// NewWithOptions and never changed.
@@ -233,6 +238,7 @@ func NewWithOptions(o Options) (*Metrics, error) {
 		models:       xsync.NewMapOf[string, *modelSeries](),
 		retiring:     map[string]*modelSeries{},
 	}
+	m.panics, m.panicsByListener = newPanicCounters()
 	if m.grace == 0 {
 		m.grace = DefaultModelGrace
 	}
@@ -250,7 +256,7 @@ func NewWithOptions(o Options) (*Metrics, error) {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.up, m.tlsEnabled, m.indexEntries, m.lookupCalls, m.lookupLatency,
 		m.tenantEvictions, m.indexEvictions, m.snapshotAuth, m.policyAuth, m.probeAuth,
-		m.drops.vec,
+		m.drops.vec, m.panics,
 	)
 	return m, nil
 }
