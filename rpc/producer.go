@@ -16,8 +16,8 @@ import (
 // Malformed content (unbalanced chains, empty or oversized hashes, NaN
 // stats, unknown tiers) is the index's to drop or normalize; it never fails
 // the stream. What the index does not apply is counted by reason (see
-// DropReasons) and logged at most once a minute. A receive error other than the half-close ends the call with
-// that error.
+// DropReasons) and logged at most once a minute. A receive error other than
+// the half-close ends the call with that error.
 //
 // An update with an id over MaxIDBytes is refused whole; the stream goes
 // on, and its end is answered InvalidArgument naming the first such field
