@@ -2,7 +2,8 @@
 // gRPC service (with grpc.health.v1 and server reflection), the public HTTP
 // listener (/healthz, /readyz, /metrics, optional /debug/pprof) and the
 // internal control listener (/policy, /snapshot, /probe behind TokenReview
-// auth), plus the TTL sweeper and the graceful drain.
+// auth), plus the TTL sweeper and the graceful drain. A handler panic on any
+// listener fails its request, not the process (see recover.go).
 //
 // cmd/server is a thin flag layer over it; tests, the load generator and the
 // demo start a real server in process:
@@ -555,8 +556,9 @@ func (s *Server) drain() {
 	s.log.Info("drained", "took", time.Since(start).Round(time.Millisecond))
 }
 
-// sweepLoop runs the index's TTL sweep every SweepInterval until ctx ends,
-// then retires the metric series of models drained for the grace period.
+// sweepLoop runs the index's TTL sweep every SweepInterval until ctx ends;
+// after each sweep it retires the metric series of the models drained for
+// the grace period (servermetrics.Metrics.RetireDrainedModels).
 func (s *Server) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
