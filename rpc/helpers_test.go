@@ -27,6 +27,7 @@ type env struct {
 	store  *policy.Store
 	svc    *rpc.Service
 	obs    *recObserver
+	drops  *recDrops
 	slow   *slowIndex
 	client pb.InferenceCacheClient
 }
@@ -48,9 +49,9 @@ func newEnv(t testing.TB, o envOpts) *env {
 		cfg.Load = engine.DefaultLoadConfig()
 	}
 	e := engine.New(cfg)
-	env := &env{e: e, store: store, obs: &recObserver{}, slow: &slowIndex{Index: e}}
+	env := &env{e: e, store: store, obs: &recObserver{}, drops: &recDrops{}, slow: &slowIndex{Index: e}}
 	svc, err := rpc.NewService(rpc.Config{
-		Index: env.slow, Policies: store, Observer: env.obs,
+		Index: env.slow, Policies: store, Observer: env.obs, Drops: env.drops,
 		Tokenizer: o.tokenizer, BlockSize: o.blockSize, Logger: slog.New(slog.DiscardHandler), Now: o.now,
 	})
 	if err != nil {
@@ -118,6 +119,33 @@ func (o *recObserver) last() observed {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.calls[len(o.calls)-1]
+}
+
+// recDrops records AddDroppedReports calls.
+type recDrops struct {
+	mu sync.Mutex // guards n: written by handler goroutines, read by the test
+	n  map[string]int
+}
+
+func (d *recDrops) AddDroppedReports(reason string, n int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.n == nil {
+		d.n = map[string]int{}
+	}
+	d.n[reason] += n
+}
+
+// take returns the counts so far and resets them.
+func (d *recDrops) take() map[string]int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.n
+	d.n = nil
+	if n == nil {
+		n = map[string]int{}
+	}
+	return n
 }
 
 // slowIndex delays lookups of the model named slowModel, and counts

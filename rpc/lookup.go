@@ -75,8 +75,10 @@ type lookupInput struct {
 }
 
 // LookupRoute answers which replicas hold the request's prefix, in the exact
-// evaluation order of contract §2.2:
+// evaluation order of contract §2.2, after one check of ours:
 //
+//  0. an id (tenant, model, scheme, adapter) over MaxIDBytes gets NO_HINT
+//     before anything else: no index read, no policy lookup;
 //  1. the reserved probe tenant gets NO_HINT (metric latency 0);
 //  2. the tenant's lookupTimeoutMs sets a budget from handler entry;
 //  3. a caller context already done is TIMEOUT;
@@ -100,6 +102,11 @@ type lookupInput struct {
 func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (*pb.LookupRouteResponse, error) {
 	start := s.now()
 	tenant, model := req.GetTenantId(), req.GetModelId()
+
+	// 0. No such id can be in the index (the producer RPCs refuse them).
+	if !lookupIDsFit(req) {
+		return s.emptyResponse(model, ReasonNoHint, start, nil), nil
+	}
 
 	// 1. The probe's scope is server-internal: never serve it.
 	if tenant == policy.ReservedTenantID {

@@ -15,8 +15,13 @@ import (
 // half-closes. Updates for the reserved probe tenant are dropped silently.
 // Malformed content (unbalanced chains, empty or oversized hashes, NaN
 // stats, unknown tiers) is the index's to drop or normalize; it never fails
-// the stream. A receive error other than the half-close ends the call with
-// that error.
+// the stream. What the index does not apply is counted by reason (see
+// DropReasons) and logged at most once a minute. A receive error other than
+// the half-close ends the call with that error.
+//
+// An update with an id over MaxIDBytes is refused whole; the stream goes
+// on, and its end is answered InvalidArgument naming the first such field
+// instead of the Ack.
 //
 // The stream reuses one message and one engine.Update (with its prefix
 // slice) for all its updates: the index copies what it keeps.
@@ -24,10 +29,17 @@ func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServ
 	var (
 		msg pb.CacheStateUpdate
 		cv  updateConverter
+		// firstBad is the first refused update's oversized id; refused
+		// counts the refused updates.
+		firstBad oversizedID
+		refused  int
 	)
 	for {
 		if err := stream.RecvMsg(&msg); err != nil {
 			if errors.Is(err, io.EOF) {
+				if refused > 0 {
+					return firstBad.err("updates with an oversized id", refused)
+				}
 				return stream.SendAndClose(&pb.Ack{Accepted: true})
 			}
 			return err
@@ -35,7 +47,19 @@ func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServ
 		if msg.GetTenantId() == policy.ReservedTenantID {
 			continue
 		}
-		s.index.Ingest(cv.convert(&msg), s.now().UnixMicro())
+		if o := updateOversizedID(&msg); o.found() {
+			if refused++; refused == 1 {
+				firstBad = o
+			}
+			s.droppedUpdate(&msg)
+			continue
+		}
+		u := cv.convert(&msg)
+		res := s.index.Ingest(u, s.now().UnixMicro())
+		if res.Dropped > 0 || u.ReplicaID == "" || (u.HashScheme == "" && len(u.Prefixes) > 0) {
+			t := updateDrops(u, res)
+			s.dropped(&t, u.TenantID, u.ModelID, u.ReplicaID)
+		}
 	}
 }
 
@@ -94,21 +118,34 @@ func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
 	return &c.u
 }
 
-// PublishEvent applies one CacheEvent (contract §1.2) and always answers
+// PublishEvent applies one CacheEvent (contract §1.2) and answers
 // Ack{accepted: true}. Events for the reserved probe tenant are acknowledged
-// and not applied; PREFIX_ADDED and unknown types are no-ops.
+// and not applied; PREFIX_ADDED is a no-op. Events the index cannot apply
+// (an unknown type, a missing replica id, a bad hash) are acknowledged and
+// counted as dropped. An event with an id over MaxIDBytes is refused with
+// InvalidArgument.
 func (s *Service) PublishEvent(_ context.Context, ev *pb.CacheEvent) (*pb.Ack, error) {
-	if ev.GetTenantId() != policy.ReservedTenantID {
-		s.index.ApplyEvent(&engine.Event{
-			Type:        engine.EventType(ev.GetType()),
-			ReplicaID:   ev.GetReplicaId(),
-			ModelID:     ev.GetModelId(),
-			TenantID:    ev.GetTenantId(),
-			PrefixHash:  ev.GetPrefixHash(),
-			TimestampUs: ev.GetTimestampUs(),
-			AdapterID:   ev.GetAdapterId(),
-		}, s.now().UnixMicro())
+	if o := eventOversizedID(ev); o.found() {
+		s.droppedEvent(ev, dropOversizedID)
+		return nil, o.err("event with an oversized id", 1)
 	}
+	if ev.GetTenantId() == policy.ReservedTenantID {
+		return &pb.Ack{Accepted: true}, nil
+	}
+	if r := eventDrop(ev); r != dropNone {
+		// The index would ignore it; count it instead.
+		s.droppedEvent(ev, r)
+		return &pb.Ack{Accepted: true}, nil
+	}
+	s.index.ApplyEvent(&engine.Event{
+		Type:        engine.EventType(ev.GetType()),
+		ReplicaID:   ev.GetReplicaId(),
+		ModelID:     ev.GetModelId(),
+		TenantID:    ev.GetTenantId(),
+		PrefixHash:  ev.GetPrefixHash(),
+		TimestampUs: ev.GetTimestampUs(),
+		AdapterID:   ev.GetAdapterId(),
+	}, s.now().UnixMicro())
 	return &pb.Ack{Accepted: true}, nil
 }
 

@@ -61,6 +61,13 @@ const (
 	// MaxConcurrentTokenize caps tokenizations in flight; a busy tokenizer
 	// sheds to NO_HINT.
 	MaxConcurrentTokenize = 64
+	// MaxIDBytes caps every id a request carries: tenant_id, model_id,
+	// replica_id, hash_scheme and adapter_id (an update's and each prefix
+	// entry's). Longer ids are refused with InvalidArgument on the producer
+	// RPCs and answered NO_HINT by LookupRoute, before the index is read.
+	// Kubernetes names, Hugging Face model ids and engine paths fit well
+	// within it.
+	MaxIDBytes = 1024
 )
 
 // Index is what the Service needs from the cache index; *engine.Engine
@@ -104,6 +111,9 @@ type Config struct {
 	Policies engine.Policies
 	// Observer records lookups; nil records nothing.
 	Observer LookupObserver
+	// Drops counts dropped producer reports; nil counts nothing (they are
+	// still logged).
+	Drops DropObserver
 	// BlockSize is the engine block size for token_ids and prompt_text;
 	// 0 means DefaultEngineBlockSize.
 	BlockSize int
@@ -130,6 +140,7 @@ type Service struct {
 	index     Index
 	policies  engine.Policies
 	observer  LookupObserver
+	drops     DropObserver
 	blockSize int
 	tokenizer Tokenizer
 	tokTO     time.Duration
@@ -152,6 +163,13 @@ type Service struct {
 	// rate-limit the log to one a minute.
 	promptFailOpen atomic.Int64
 	lastPromptLog  atomic.Int64
+
+	// droppedReports counts producer reports the index did not apply (see
+	// DropReasons); handlers add to it, DroppedReports loads it.
+	// lastDropLog is the UnixNano of the last WARN about them (0: none
+	// yet), CAS-updated by handlers to rate-limit the log to one a minute.
+	droppedReports atomic.Int64
+	lastDropLog    atomic.Int64
 }
 
 var _ pb.InferenceCacheServer = (*Service)(nil)
@@ -170,6 +188,7 @@ func NewService(cfg Config) (*Service, error) {
 		index:       cfg.Index,
 		policies:    cfg.Policies,
 		observer:    cfg.Observer,
+		drops:       cfg.Drops,
 		blockSize:   cfg.BlockSize,
 		tokenizer:   cfg.Tokenizer,
 		tokTO:       cfg.TokenizeTimeout,
@@ -179,6 +198,9 @@ func NewService(cfg Config) (*Service, error) {
 	}
 	if s.observer == nil {
 		s.observer = nopObserver{}
+	}
+	if s.drops == nil {
+		s.drops = nopDrops{}
 	}
 	if s.blockSize == 0 {
 		s.blockSize = DefaultEngineBlockSize
@@ -204,6 +226,10 @@ func (nopObserver) ObserveLookup(string, string, bool, time.Duration) {}
 // before fingerprinting (no tokenizer, oversized text, tokenizer busy or
 // failed).
 func (s *Service) PromptTextFailOpens() int64 { return s.promptFailOpen.Load() }
+
+// DroppedReports returns how many producer reports the index did not apply
+// (every reason of DropReasons).
+func (s *Service) DroppedReports() int64 { return s.droppedReports.Load() }
 
 // RenderTemplate is a stub: OK with empty bytes (contract §1).
 func (*Service) RenderTemplate(context.Context, *pb.RenderTemplateRequest) (*pb.RenderTemplateResponse, error) {

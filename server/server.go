@@ -2,7 +2,8 @@
 // gRPC service (with grpc.health.v1 and server reflection), the public HTTP
 // listener (/healthz, /readyz, /metrics, optional /debug/pprof) and the
 // internal control listener (/policy, /snapshot, /probe behind TokenReview
-// auth), plus the TTL sweeper and the graceful drain.
+// auth), plus the TTL sweeper and the graceful drain. A handler panic on any
+// listener fails its request, not the process (see recover.go).
 //
 // cmd/server is a thin flag layer over it; tests, the load generator and the
 // demo start a real server in process:
@@ -90,6 +91,14 @@ type Config struct {
 	// EnablePprof mounts /debug/pprof/ on the public listener.
 	EnablePprof bool
 
+	// MetricsModels always get their own lookup series (--metrics-models);
+	// other models get them only while the index holds keys for them.
+	MetricsModels []string
+	// MetricsModelGrace is how long a model that drained to 0 keys keeps its
+	// own series (--metrics-model-grace); 0 means
+	// servermetrics.DefaultModelGrace.
+	MetricsModelGrace time.Duration
+
 	// Control endpoint auth. With InsecureDisableAuth the three endpoints
 	// are open (development only; logged at ERROR). Otherwise
 	// AllowedControllerSA ("system:serviceaccount:<ns>:<name>") is required
@@ -118,6 +127,11 @@ type Config struct {
 	WrapIndex func(rpc.Index) rpc.Index
 	// T2 is the probe's tier-2 prober; production wires none.
 	T2 probe.T2Prober
+
+	// wrapHTTP, set only by tests (export_test.go), wraps each HTTP
+	// listener's handler inside the panic recovery; listener is "http" or
+	// "control".
+	wrapHTTP func(listener string, h http.Handler) http.Handler
 }
 
 // DefaultConfig returns the production defaults (auth enabled, so
@@ -138,6 +152,7 @@ func DefaultConfig() Config {
 		KeepaliveMinTime:   DefaultKeepaliveMinTime,
 		MaxRecvMsgBytes:    DefaultMaxRecvMsgBytes,
 		DrainTimeout:       DefaultDrainTimeout,
+		MetricsModelGrace:  servermetrics.DefaultModelGrace,
 	}
 }
 
@@ -195,7 +210,10 @@ func New(cfg Config) (*Server, error) {
 	}
 
 	s := &Server{cfg: cfg, log: log, readyCh: make(chan struct{}), tls: creds != nil}
-	s.metrics = servermetrics.New()
+	s.metrics, err = servermetrics.NewWithOptions(servermetrics.Options{Models: cfg.MetricsModels, ModelGrace: cfg.MetricsModelGrace})
+	if err != nil {
+		return nil, fmt.Errorf("%w: --metrics-models or --metrics-model-grace: %w", ErrInvalidConfig, err)
+	}
 	s.metrics.SetTLSEnabled(s.tls)
 	s.policies = policy.NewStore()
 	s.engine = engine.New(engine.Config{
@@ -207,6 +225,7 @@ func New(cfg Config) (*Server, error) {
 	})
 	s.metrics.RegisterIndex(s.engine.Memory)
 	s.metrics.RegisterLoads(s.engine.Loads)
+	s.metrics.DeclareDropReasons(rpc.DropReasons...)
 	var idx rpc.Index = s.engine
 	if cfg.WrapIndex != nil {
 		idx = cfg.WrapIndex(idx)
@@ -215,6 +234,7 @@ func New(cfg Config) (*Server, error) {
 		Index:     idx,
 		Policies:  s.policies,
 		Observer:  s.metrics,
+		Drops:     s.metrics,
 		BlockSize: cfg.EngineBlockSize,
 		Logger:    log,
 	})
@@ -232,6 +252,9 @@ func New(cfg Config) (*Server, error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: cfg.KeepaliveTime, Timeout: cfg.KeepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: cfg.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(cfg.MaxRecvMsgBytes),
+		// Outermost: a handler panic fails its call, not the process.
+		grpc.ChainUnaryInterceptor(s.recoverUnary),
+		grpc.ChainStreamInterceptor(s.recoverStream),
 	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
@@ -244,8 +267,12 @@ func New(cfg Config) (*Server, error) {
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 
-	s.public = &http.Server{Handler: s.publicHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	s.internal = &http.Server{Handler: control, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	public := s.publicHandler()
+	if cfg.wrapHTTP != nil {
+		public, control = cfg.wrapHTTP("http", public), cfg.wrapHTTP("control", control)
+	}
+	s.public = &http.Server{Handler: s.recoverHTTP(servermetrics.ListenerHTTP, public), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	s.internal = &http.Server{Handler: s.recoverHTTP(servermetrics.ListenerControl, control), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
 	if err := s.listen(); err != nil {
 		return nil, err
@@ -282,6 +309,8 @@ func validate(cfg *Config) error {
 		return fmt.Errorf("%w: --sweep-interval must be positive, got %v", ErrInvalidConfig, cfg.SweepInterval)
 	case cfg.MaxRecvMsgBytes < 0:
 		return fmt.Errorf("%w: negative max receive message size %d", ErrInvalidConfig, cfg.MaxRecvMsgBytes)
+	case cfg.MetricsModelGrace < 0:
+		return fmt.Errorf("%w: negative --metrics-model-grace %v", ErrInvalidConfig, cfg.MetricsModelGrace)
 	}
 	if cfg.KeepaliveTime <= 0 {
 		cfg.KeepaliveTime = DefaultKeepaliveTime
@@ -533,7 +562,9 @@ func (s *Server) drain() {
 	s.log.Info("drained", "took", time.Since(start).Round(time.Millisecond))
 }
 
-// sweepLoop runs the index's TTL sweep every SweepInterval until ctx ends.
+// sweepLoop runs the index's TTL sweep every SweepInterval until ctx ends;
+// after each sweep it retires the metric series of the models drained for
+// the grace period (servermetrics.Metrics.RetireDrainedModels).
 func (s *Server) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
@@ -545,6 +576,9 @@ func (s *Server) sweepLoop(ctx context.Context) {
 			n := s.engine.Sweep(engine.Micros(now))
 			if n > 0 {
 				s.log.Debug("ttl sweep", "removed", n, "took", time.Since(now).Round(time.Microsecond))
+			}
+			if n := s.metrics.RetireDrainedModels(); n > 0 {
+				s.log.Debug("retired the metric series of drained models", "models", n)
 			}
 		}
 	}

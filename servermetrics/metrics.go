@@ -11,22 +11,40 @@
 //   - the /snapshot, /policy and /probe auth middlewares record through the
 //     AuthRecorder values (controlserver/auth.Recorder) returned by
 //     SnapshotAuth, PolicyAuth and ProbeAuth;
-//   - the server lifecycle sets SetUp and SetTLSEnabled.
+//   - the producer RPCs count what the index did not apply through
+//     AddDroppedReports (rpc.DropObserver);
+//   - the server's panic recovery counts through RecoveredPanic;
+//   - the server lifecycle sets SetUp and SetTLSEnabled, and calls
+//     RetireDrainedModels periodically.
 //
-// ObserveLookup is on the LookupRoute hot path. It resolves its label
-// children once per (model, reason code) and caches them in a lock-free map,
-// so a steady-state call is one map load, a short scan of the model's
-// counters and the counter and histogram updates (atomics inside
-// client_golang): no allocation and no lock. A *Metrics is safe for concurrent use; the zero
-// value is not usable (call New).
+// Bounded model label. The model label of the lookup series comes from
+// requests, so it is not trusted: a model has its own lookup series only
+// while the index holds keys for it (SetIndexEntries reported n > 0) or
+// when it is configured (Options.Models). Every other model, including
+// those of UNKNOWN_MODEL answers and of the reserved tenant, is recorded
+// under the one shared value OtherModel. A model that drains to 0 keys
+// keeps its series, index_entries reading 0, for Options.ModelGrace; then
+// RetireDrainedModels removes them. The series count is thus bounded by
+// the models the index holds, plus the configured ones, plus one.
+//
+// ObserveLookup is on the LookupRoute hot path. A model's series are
+// resolved when it becomes known and found with one lock-free map load;
+// its call counters are resolved once per (reason code, hint used). A
+// steady-state call is that load, a short scan of the model's counters and
+// the counter and histogram updates (atomics inside client_golang): no
+// allocation and no lock. A *Metrics is safe for concurrent use; the zero
+// value is not usable (call New or NewWithOptions).
 package servermetrics
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -52,6 +70,22 @@ const (
 	tenantEvictionReason = "over_entries"
 )
 
+// OtherModel is the model label value shared by every lookup whose model
+// has no series of its own: not held by the index (nor drained within the
+// grace period) and not configured. A model literally named OtherModel
+// never gets its own series (nor an index_entries series).
+const OtherModel = "__other__"
+
+// MaxModelLabelBytes is the longest model id that can get its own series;
+// a longer one is recorded under OtherModel. It equals the id cap of the
+// gRPC handlers (rpc.MaxIDBytes), so an id the index can hold fits.
+const MaxModelLabelBytes = 1024
+
+// DefaultModelGrace is how long a model that drained to 0 keys keeps its
+// own series when Options.ModelGrace is 0. It outlasts an engine restart
+// (ALL_CLEARED, then re-reports) so dashboards do not see a reset.
+const DefaultModelGrace = 10 * time.Minute
+
 // LatencyBuckets are the LookupRoute latency histogram's upper bounds in
 // seconds: 100µs, 250µs, 500µs, 1ms, 2.5ms, 5ms, 10ms, 25ms, 50ms, 100ms.
 var LatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1}
@@ -69,17 +103,33 @@ type Metrics struct {
 	snapshotAuth    *prometheus.CounterVec   // result
 	policyAuth      *prometheus.CounterVec   // result
 	probeAuth       *prometheus.CounterVec   // result
+	drops           dropCounters             // reason
+	panics          *prometheus.CounterVec   // listener
+	// panicsByListener holds panics' fixed children; built by
+	// NewWithOptions, read-only afterwards.
+	panicsByListener map[string]prometheus.Counter
 
-	// models caches each model's resolved lookup series and entries its
-	// index_entries child. Both are filled with LoadOrCompute on a model's
-	// first use (which runs the constructor once per key, under the map's
-	// bucket lock) and never shrink; ObserveLookup and SetIndexEntries read
-	// them with lock-free loads.
-	models  *xsync.MapOf[string, *modelSeries]
-	entries *xsync.MapOf[string, prometheus.Gauge]
+	// other is the shared series of every model without its own; set by
+	// NewWithOptions and never changed.
+	other *modelSeries
+	grace time.Duration
+	now   func() time.Time
+
+	// mu serializes the writers of the model registry (SetIndexEntries,
+	// RetireDrainedModels) and guards retiring and the fields of
+	// modelSeries documented as guarded by it. ObserveLookup never takes it.
+	mu sync.Mutex
+	// models maps each model with its own series to them. Written under
+	// mu; ObserveLookup reads it with lock-free loads.
+	models *xsync.MapOf[string, *modelSeries]
+	// retiring holds the models RetireDrainedModels removed from models on
+	// its previous pass; their series are deleted on the next pass (a
+	// lookup that loaded one just before its removal still lands in an
+	// exported series) unless their keys come back first. Guarded by mu.
+	retiring map[string]*modelSeries
 }
 
-// modelSeries is one model's lookup series.
+// modelSeries is one model's series (or the shared OtherModel ones).
 type modelSeries struct {
 	model   string
 	latency prometheus.Observer
@@ -87,9 +137,22 @@ type modelSeries struct {
 	// per (reason code, hint used) seen so far. It is replaced copy-on-write
 	// under mu when a new pair first appears; readers scan it lock-free.
 	calls atomic.Pointer[[]callSeries]
-	// mu serializes writers of calls (counter's slow path); readers never
-	// take it.
+	// mu serializes writers of calls (counter's slow path) and of deleted;
+	// readers of calls never take it.
 	mu sync.Mutex
+	// deleted is set, under mu, once the model's series are deleted from
+	// the registry; counter then resolves nothing new for it.
+	deleted bool
+
+	// Guarded by Metrics.mu:
+	// entries is the model's index_entries child, nil until the index
+	// reports the model.
+	entries prometheus.Gauge
+	// configured models never retire.
+	configured bool
+	// drainedAt is when the index last reported 0 keys for the model; zero
+	// while it holds keys.
+	drainedAt time.Time
 }
 
 type callSeries struct {
@@ -98,9 +161,43 @@ type callSeries struct {
 	c      prometheus.Counter
 }
 
-// New builds the metric set on a fresh registry with the Go and process
-// collectors. server_up and grpc_tls_enabled start at 0.
+// Options tune the metric set.
+type Options struct {
+	// Models always get their own lookup series, whether or not the index
+	// holds them (--metrics-models). Each must be non-empty, valid UTF-8,
+	// at most MaxModelLabelBytes long and not OtherModel.
+	Models []string
+	// ModelGrace is how long a model that drained to 0 keys keeps its own
+	// series; 0 means DefaultModelGrace.
+	ModelGrace time.Duration
+	// Now is the clock of the grace period; nil means time.Now.
+	Now func() time.Time
+}
+
+// ErrInvalidOptions is wrapped by NewWithOptions's errors.
+var ErrInvalidOptions = errors.New("servermetrics: invalid options")
+
+// New builds the metric set with the default Options.
 func New() *Metrics {
+	m, err := NewWithOptions(Options{})
+	if err != nil {
+		panic("BUG: the default options are invalid: " + err.Error())
+	}
+	return m
+}
+
+// NewWithOptions builds the metric set on a fresh registry with the Go and
+// process collectors. server_up and grpc_tls_enabled start at 0.
+func NewWithOptions(o Options) (*Metrics, error) {
+	if o.ModelGrace < 0 {
+		return nil, fmt.Errorf("%w: negative model grace period %v", ErrInvalidOptions, o.ModelGrace)
+	}
+	for _, model := range o.Models {
+		if model == "" || !ownLabel(model) {
+			return nil, fmt.Errorf("%w: model %.64q cannot have its own series (empty, %q, longer than %d bytes or not UTF-8)",
+				ErrInvalidOptions, model, OtherModel, MaxModelLabelBytes)
+		}
+	}
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		up: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -117,11 +214,11 @@ func New() *Metrics {
 		}, []string{"model"}),
 		lookupCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "lookup_route_calls_total",
-			Help: "LookupRoute calls by model and outcome; hint_used is true when replica_scores was non-empty.",
+			Help: "LookupRoute calls by model and outcome; hint_used is true when replica_scores was non-empty. Models the index does not hold share model=\"" + OtherModel + "\".",
 		}, []string{"model", "reason_code", "hint_used"}),
 		lookupLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "lookup_route_latency_seconds",
-			Help:    "Server-side LookupRoute latency from handler entry to response, including ranking.",
+			Help:    "Server-side LookupRoute latency from handler entry to response, including ranking. Models the index does not hold share model=\"" + OtherModel + "\".",
 			Buckets: LatencyBuckets,
 		}, []string{"model"}),
 		tenantEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -135,16 +232,40 @@ func New() *Metrics {
 		snapshotAuth: authVec("snapshot_auth_total", "/snapshot"),
 		policyAuth:   authVec("policy_auth_total", "/policy"),
 		probeAuth:    authVec("probe_auth_total", "/probe"),
+		drops:        newDropCounters(),
+		grace:        o.ModelGrace,
+		now:          o.Now,
 		models:       xsync.NewMapOf[string, *modelSeries](),
-		entries:      xsync.NewMapOf[string, prometheus.Gauge](),
+		retiring:     map[string]*modelSeries{},
+	}
+	m.panics, m.panicsByListener = newPanicCounters()
+	if m.grace == 0 {
+		m.grace = DefaultModelGrace
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	m.other = m.newModelSeries(OtherModel)
+	for _, model := range o.Models {
+		ms := m.newModelSeries(model)
+		ms.configured = true
+		m.models.Store(model, ms)
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.up, m.tlsEnabled, m.indexEntries, m.lookupCalls, m.lookupLatency,
 		m.tenantEvictions, m.indexEvictions, m.snapshotAuth, m.policyAuth, m.probeAuth,
+		m.drops.vec, m.panics,
 	)
-	return m
+	return m, nil
+}
+
+// ownLabel reports whether model may have series of its own: a valid
+// UTF-8 label value (client_golang refuses others) of at most
+// MaxModelLabelBytes that is not the shared value.
+func ownLabel(model string) bool {
+	return len(model) <= MaxModelLabelBytes && model != OtherModel && utf8.ValidString(model)
 }
 
 func authVec(name, path string) *prometheus.CounterVec {
@@ -177,12 +298,16 @@ func b2f(b bool) float64 {
 
 // ObserveLookup records one LookupRoute call: it increments
 // lookup_route_calls_total{model, reason_code, hint_used} and observes the
-// latency histogram. Call it exactly once per call. It does not allocate
-// once the (model, reason, hintUsed) series exist.
+// latency histogram, under the model's own series when it has them and
+// under OtherModel otherwise. Call it exactly once per call. It creates no
+// series for an unknown model and does not allocate once the (model or
+// OtherModel, reason, hintUsed) series exist.
 func (m *Metrics) ObserveLookup(model, reason string, hintUsed bool, elapsed time.Duration) {
-	ms, ok := m.models.Load(model)
-	if !ok {
-		ms, _ = m.models.LoadOrCompute(model, func() *modelSeries { return m.newModelSeries(model) })
+	ms := m.other
+	if len(model) <= MaxModelLabelBytes {
+		if own, ok := m.models.Load(model); ok {
+			ms = own
+		}
 	}
 	ms.counter(m, reason, hintUsed).Inc()
 	ms.latency.Observe(elapsed.Seconds())
@@ -203,8 +328,17 @@ func (ms *modelSeries) counter(m *Metrics, reason string, hint bool) prometheus.
 			return c.c
 		}
 	}
+	return ms.counterSlow(m, reason, hint)
+}
+
+func (ms *modelSeries) counterSlow(m *Metrics, reason string, hint bool) prometheus.Counter {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
+	if ms.deleted {
+		// A lookup that loaded the model just before its retirement and
+		// then stalled past the deletion: do not resurrect the series.
+		return m.other.counter(m, reason, hint)
+	}
 	cur := *ms.calls.Load()
 	for _, c := range cur {
 		if c.hint == hint && c.reason == reason {
@@ -217,6 +351,20 @@ func (ms *modelSeries) counter(m *Metrics, reason string, hint bool) prometheus.
 	next = append(next, callSeries{reason: reason, hint: hint, c: c})
 	ms.calls.Store(&next)
 	return c
+}
+
+// deleteSeries removes every series of ms from the registry.
+func (m *Metrics) deleteSeries(ms *modelSeries) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	ms.deleted = true
+	m.lookupLatency.DeleteLabelValues(ms.model)
+	for _, c := range *ms.calls.Load() {
+		m.lookupCalls.DeleteLabelValues(ms.model, c.reason, strconv.FormatBool(c.hint))
+	}
+	if ms.entries != nil {
+		m.indexEntries.DeleteLabelValues(ms.model)
+	}
 }
 
 // AddIndexEvictions implements engine.Metrics.
@@ -233,14 +381,64 @@ func (m *Metrics) AddTenantEvictions(tenantID string, n int) {
 	}
 }
 
-// SetIndexEntries implements engine.Metrics. A drained model reports 0
-// rather than disappearing.
+// SetIndexEntries implements engine.Metrics. A model with n > 0 gets its
+// own series (index_entries and lookups); a drained model reports 0 and
+// keeps its series for the grace period (see RetireDrainedModels). A model
+// the index never held does not get a series for n = 0.
 func (m *Metrics) SetIndexEntries(model string, n int64) {
-	g, ok := m.entries.Load(model)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ms, ok := m.models.Load(model)
 	if !ok {
-		g, _ = m.entries.LoadOrCompute(model, func() prometheus.Gauge { return m.indexEntries.WithLabelValues(model) })
+		if n <= 0 {
+			return
+		}
+		if ms, ok = m.retiring[model]; ok {
+			delete(m.retiring, model)
+		} else {
+			if !ownLabel(model) {
+				return
+			}
+			ms = m.newModelSeries(model)
+		}
+		m.models.Store(model, ms)
 	}
-	g.Set(float64(n))
+	if ms.entries == nil {
+		ms.entries = m.indexEntries.WithLabelValues(model)
+	}
+	ms.entries.Set(float64(n))
+	switch {
+	case n > 0:
+		ms.drainedAt = time.Time{}
+	case ms.drainedAt.IsZero():
+		ms.drainedAt = m.now()
+	}
+}
+
+// RetireDrainedModels takes the models that have held 0 keys for at least
+// the grace period (configured ones excepted) off their own series: from
+// now on their lookups count under OtherModel. Their series are deleted
+// from the registry on the next call, unless their keys come back first.
+// It returns how many models it retired. The server calls it every sweep
+// interval.
+func (m *Metrics) RetireDrainedModels() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for model, ms := range m.retiring {
+		m.deleteSeries(ms)
+		delete(m.retiring, model)
+	}
+	now := m.now()
+	n := 0
+	m.models.Range(func(model string, ms *modelSeries) bool {
+		if !ms.configured && !ms.drainedAt.IsZero() && now.Sub(ms.drainedAt) >= m.grace {
+			m.models.Delete(model)
+			m.retiring[model] = ms
+			n++
+		}
+		return true
+	})
+	return n
 }
 
 // AuthRecorder counts one control endpoint's auth outcomes. It satisfies

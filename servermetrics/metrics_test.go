@@ -79,6 +79,9 @@ func TestMetrics(t *testing.T) {
 
 	m.SetUp(true)
 	m.SetTLSEnabled(true)
+	// The index holds both models, so their lookups get their own series.
+	m.SetIndexEntries("llama", 10)
+	m.SetIndexEntries("qwen", 1)
 	m.ObserveLookup("llama", "PREFIX_MATCH", true, 300*time.Microsecond)
 	m.ObserveLookup("llama", "PREFIX_MATCH", true, 50*time.Microsecond)
 	m.ObserveLookup("llama", "NO_HINT", false, 0)
@@ -87,7 +90,6 @@ func TestMetrics(t *testing.T) {
 	m.AddIndexEvictions("lfu", "ttl", 2)
 	m.AddIndexEvictions("lfu", "ttl", 0)
 	m.AddTenantEvictions("team-a", 4)
-	m.SetIndexEntries("llama", 10)
 	m.SetIndexEntries("llama", 0)
 	m.SnapshotAuth().Record(auth.ResultOK)
 	m.PolicyAuth().Record(auth.ResultUnauth)
@@ -110,6 +112,7 @@ func TestMetrics(t *testing.T) {
 		{servermetrics.NameIndexEvictions, "algorithm=lfu,reason=ttl", 2},
 		{servermetrics.NameTenantEvictions, "reason=over_entries,tenant_id=team-a", 4},
 		{servermetrics.NameIndexEntries, "model=llama", 0},
+		{servermetrics.NameIndexEntries, "model=qwen", 1},
 		{servermetrics.NameSnapshotAuth, "result=ok", 1},
 		{servermetrics.NamePolicyAuth, "result=unauth", 2},
 		{servermetrics.NameProbeAuth, "result=forbidden", 1},
@@ -122,7 +125,12 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("%d call series, want 3", n)
 	}
 	// Buckets exactly as the spec lists them, and the observations in them.
-	h := fams[servermetrics.NameLookupLatency].GetMetric()[0].GetHistogram()
+	var h *dto.Histogram
+	for _, s := range fams[servermetrics.NameLookupLatency].GetMetric() {
+		if labels(s) == "model=llama" {
+			h = s.GetHistogram()
+		}
+	}
 	var bounds []float64
 	for _, b := range h.GetBucket() {
 		bounds = append(bounds, b.GetUpperBound())
@@ -144,13 +152,16 @@ func TestMetrics(t *testing.T) {
 }
 
 // TestObserveLookupAllocs: once a series exists, recording allocates
-// nothing (the LookupRoute hot path budget).
+// nothing (the LookupRoute hot path budget), for a known model and for one
+// under the shared label.
 func TestObserveLookupAllocs(t *testing.T) {
 	m := servermetrics.New()
 	m.ObserveLookup("llama", "PREFIX_MATCH", true, time.Millisecond)
 	m.SetIndexEntries("llama", 1)
+	m.ObserveLookup("ghost", "UNKNOWN_MODEL", false, time.Millisecond)
 	if n := testing.AllocsPerRun(1000, func() {
 		m.ObserveLookup("llama", "PREFIX_MATCH", true, time.Millisecond)
+		m.ObserveLookup("ghost", "UNKNOWN_MODEL", false, time.Millisecond)
 		m.SetIndexEntries("llama", 2)
 	}); n != 0 {
 		t.Fatalf("allocs/op = %v, want 0", n)
@@ -160,6 +171,8 @@ func TestObserveLookupAllocs(t *testing.T) {
 // TestObserveLookupConcurrent races first-time series creation.
 func TestObserveLookupConcurrent(t *testing.T) {
 	m := servermetrics.New()
+	m.SetIndexEntries("a", 1)
+	m.SetIndexEntries("b", 1)
 	var wg sync.WaitGroup
 	reasons := []string{"PREFIX_MATCH", "NO_HINT", "TENANT_HOT", "AFFINITY_HINT"}
 	for g := 0; g < 8; g++ {
@@ -177,5 +190,23 @@ func TestObserveLookupConcurrent(t *testing.T) {
 	}
 	if total != 8*200 || len(fams[servermetrics.NameLookupCalls].GetMetric()) != 8 {
 		t.Fatalf("total %v over %d series, want 1600 over 8", total, len(fams[servermetrics.NameLookupCalls].GetMetric()))
+	}
+}
+
+// BenchmarkObserveLookup: the LookupRoute metric write for a model with its
+// own series and for one under the shared label (a model the index does
+// not hold).
+func BenchmarkObserveLookup(b *testing.B) {
+	m := servermetrics.New()
+	m.SetIndexEntries("llama", 1)
+	for _, model := range []string{"llama", "ghost-model-not-in-the-index"} {
+		b.Run(model, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					m.ObserveLookup(model, "PREFIX_MATCH", true, 300*time.Microsecond)
+				}
+			})
+		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"github.com/inferencecache/inferencecache/server"
@@ -32,7 +33,7 @@ func main() {
 // when non-nil, receives the server once it serves (tests).
 func run(ctx context.Context, args []string, stderr io.Writer, started func(*server.Server)) error {
 	cfg := server.DefaultConfig()
-	var logFormat, logLevel string
+	var logFormat, logLevel, metricsModels string
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.GRPCAddr, "grpc-bind-address", cfg.GRPCAddr, "gRPC listen address")
@@ -60,6 +61,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.DurationVar(&cfg.KeepaliveMinTime, "grpc-keepalive-min-time", cfg.KeepaliveMinTime, "reject clients that ping more often than this")
 	fs.IntVar(&cfg.MaxRecvMsgBytes, "grpc-max-recv-msg-bytes", cfg.MaxRecvMsgBytes, "largest gRPC request message accepted")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on the graceful drain after SIGTERM")
+	fs.StringVar(&metricsModels, "metrics-models", "", "comma-separated models that always get their own lookup metric series; other models get them only while the index holds keys for them (the rest share model=\"__other__\")")
+	fs.DurationVar(&cfg.MetricsModelGrace, "metrics-model-grace", cfg.MetricsModelGrace, "how long a model drained to 0 index keys keeps its own metric series")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -70,6 +73,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	for _, m := range strings.Split(metricsModels, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			cfg.MetricsModels = append(cfg.MetricsModels, m)
+		}
 	}
 	if cfg.EnablePprof {
 		// The mutex and block profiles are empty unless sampled: one in 10

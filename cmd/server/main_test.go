@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -46,6 +47,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		"padded audience":  {[]string{"--insecure-disable-auth", "--policy-audience", "inferencecache.io/policy "}, "surrounding whitespace"},
 		"empty audience":   {[]string{"--insecure-disable-auth", "--controller-audience", ""}, "must not be empty"},
 		"bad block size":   {[]string{"--insecure-disable-auth", "--engine-block-size", "0"}, "--engine-block-size"},
+		"shared model":     {[]string{"--insecure-disable-auth", "--metrics-models", "llama,__other__"}, "--metrics-models"},
+		"negative grace":   {[]string{"--insecure-disable-auth", "--metrics-model-grace", "-1s"}, "--metrics-model-grace"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -69,7 +72,7 @@ func TestRunServesAndStops(t *testing.T) {
 	started := make(chan *server.Server, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(runCtx, append([]string{"--insecure-disable-auth", "--log-format", "text"}, loopback...), &stderr, func(s *server.Server) { started <- s })
+		done <- run(runCtx, append([]string{"--insecure-disable-auth", "--log-format", "text", "--metrics-models", "llama, qwen,"}, loopback...), &stderr, func(s *server.Server) { started <- s })
 	}()
 	var s *server.Server
 	select {
@@ -85,6 +88,20 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Fatalf("/readyz: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	// --metrics-models: the configured models have their latency series
+	// before any lookup.
+	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.HTTPAddr().String()+"/metrics", nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`inferencecache_lookup_route_latency_seconds_count{model="llama"} 0`, `inferencecache_lookup_route_latency_seconds_count{model="qwen"} 0`} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("/metrics lacks %s", want)
+		}
+	}
 	stop()
 	select {
 	case err := <-done:

@@ -2,6 +2,7 @@ package servertest
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -69,4 +70,30 @@ func Value(fams map[string]*dto.MetricFamily, name, labels string) (v float64, o
 		}
 	}
 	return 0, false
+}
+
+// ScrapeText fetches srv's /metrics from its public listener and returns the
+// raw exposition text. It fails the test on any error or a status other
+// than 200.
+func ScrapeText(t testing.TB, srv *server.Server) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ScrapeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+srv.HTTPAddr().String()+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("servertest: cannot scrape /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("servertest: cannot read /metrics: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("servertest: /metrics answered %d", resp.StatusCode)
+	}
+	return string(body)
 }
