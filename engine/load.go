@@ -37,6 +37,7 @@ const (
 	DefaultLoadBound         = 1.25
 	DefaultLoadMinQueue      = 4
 	DefaultLoadPrefillWeight = 16.0
+	DefaultLoadMinMatch      = 0.5
 	DefaultLoadMaxAge        = 5 * time.Second
 )
 
@@ -56,6 +57,13 @@ type LoadConfig struct {
 	// token is worth in the cost (>= 1): recomputing a prefix delays this
 	// request and everything queued behind it, and evicts other prefixes.
 	PrefillWeight float64
+	// MinMatch is the share of the prompt a cached prefix must cover to
+	// count in the cost (Preble's exploit rule at 0.5: follow a prefix only
+	// when it is at least the part still to compute). A shorter match
+	// counts as none, so such a request goes where it is cheapest to
+	// compute from scratch instead of piling onto whoever holds a small
+	// popular piece of it.
+	MinMatch float64
 	// MaxAge is how long a load report counts; an older one is unknown.
 	MaxAge time.Duration
 }
@@ -63,7 +71,7 @@ type LoadConfig struct {
 // DefaultLoadConfig returns load-aware routing on, with the defaults.
 func DefaultLoadConfig() LoadConfig {
 	return LoadConfig{Enabled: true, Bound: DefaultLoadBound, MinQueue: DefaultLoadMinQueue,
-		PrefillWeight: DefaultLoadPrefillWeight, MaxAge: DefaultLoadMaxAge}
+		PrefillWeight: DefaultLoadPrefillWeight, MinMatch: DefaultLoadMinMatch, MaxAge: DefaultLoadMaxAge}
 }
 
 func (c *LoadConfig) normalize() {
@@ -76,9 +84,24 @@ func (c *LoadConfig) normalize() {
 	if !(c.PrefillWeight >= 1) || math.IsInf(c.PrefillWeight, 0) {
 		c.PrefillWeight = DefaultLoadPrefillWeight
 	}
+	if !(c.MinMatch >= 0 && c.MinMatch <= 1) {
+		c.MinMatch = DefaultLoadMinMatch
+	}
 	if c.MaxAge <= 0 {
 		c.MaxAge = DefaultLoadMaxAge
 	}
+}
+
+// cost is a candidate's estimated time to first token in prefill-token
+// units: its queue plus PrefillWeight × the prompt tokens it would still
+// compute. matched × freshness is the expected cached part; below MinMatch
+// of the prompt it counts as nothing.
+func (c *LoadConfig) cost(queue, tokens float64, matched int32, fresh float32) float64 {
+	m := float64(matched) * float64(fresh)
+	if m < c.MinMatch*tokens {
+		m = 0
+	}
+	return queue + c.PrefillWeight*max(tokens-m, 0)
 }
 
 // LoadStats is the load part of a stats report. A report carries load when
@@ -367,7 +390,7 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 		if en == nil {
 			continue
 		}
-		c := en.queue + alpha*max(t-float64(s.MatchedTokens)*float64(s.Prob), 0)
+		c := e.load.cost(en.queue, t, s.MatchedTokens, s.Prob)
 		if s.rid == pick.rid {
 			pickCost = c
 		}
@@ -375,15 +398,16 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 			best, bestCost = i, c
 		}
 	}
+	// A holder is an option only if it beats computing the prompt cold.
 	exploreCost := lv.qref + alpha*t
 	altCost, altQueue := exploreCost, lv.qref
-	if best >= 0 && bestCost <= exploreCost {
+	if best >= 0 && bestCost < exploreCost {
 		altCost, altQueue = bestCost, lv.entry(res.Scores[best].rid).queue
 	}
 	if !cp.overloaded && !(altCost < pickCost && altQueue < cp.queue) {
 		return LoadKeep
 	}
-	if best < 0 || bestCost > exploreCost {
+	if best < 0 || bestCost >= exploreCost {
 		return LoadExplore
 	}
 	e.rerankByLoad(res, t, exploreCost)
@@ -398,14 +422,13 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 // returned order.
 func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
 	lv := &res.lv
-	alpha := e.load.PrefillWeight
 	rt := res.d.table()
 	keys := res.keys[:0]
 	for i := range res.Scores {
 		s := &res.Scores[i]
 		adv := 0.0
 		if en := lv.entry(s.rid); en != nil && !en.overloaded {
-			adv = exploreCost - (en.queue + alpha*max(tokens-float64(s.MatchedTokens)*float64(s.Prob), 0))
+			adv = exploreCost - e.load.cost(en.queue, tokens, s.MatchedTokens, s.Prob)
 		}
 		s.Score = float32(max(adv, 0))
 		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(rt.rank[s.rid])<<16|uint64(i))

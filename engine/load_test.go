@@ -108,19 +108,28 @@ func TestLoadCostRanking(t *testing.T) {
 		wantOrder []string
 		wantScore []float32
 	}{{
-		// α=16: a 64-token shorter match costs 1024 queue tokens; a queue of
-		// 20000 tokens outweighs it.
+		// α=16: a 32-token shorter match costs 512 queue tokens; a queue of
+		// 20000 tokens outweighs it. b's advantage over computing the
+		// 160-token prompt cold on c: 16 × 96.
 		name:      "shorter match on an idle replica beats a longer one behind a long queue",
-		reps:      []rep{{"a", 8, 4, 1, 20000}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
+		reps:      []rep{{"a", 8, 4, 1, 20000}, {"b", 6, 0, 1, 0}, {"c", 0, 0, 1, 0}},
 		decision:  LoadRerank,
 		first:     "b",
 		wantOrder: []string{"b", "a"},
-		wantScore: []float32{16 * 64, 0},
+		wantScore: []float32{16 * 96, 0},
 	}, {
 		name:     "a short queue does not outweigh the saved prefill",
-		reps:     []rep{{"a", 8, 4, 1, 500}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
+		reps:     []rep{{"a", 8, 4, 1, 500}, {"b", 6, 0, 1, 0}, {"c", 0, 0, 1, 0}},
 		decision: LoadKeep,
 		first:    "a",
+	}, {
+		// b covers 4 of 10 blocks, less than half the prompt: its match
+		// counts as none, so with a busy the request goes where it is
+		// cheapest cold, by the ring among the idle (b, c).
+		name:     "a match under half the prompt is not followed",
+		reps:     []rep{{"a", 8, 4, 1, 20000}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
+		decision: LoadExplore,
+		first:    "",
 	}, {
 		name:     "equal loads keep the contract",
 		reps:     []rep{{"a", 8, 4, 1, 900}, {"b", 4, 4, 1, 900}, {"c", 0, 4, 1, 900}},
@@ -136,11 +145,11 @@ func TestLoadCostRanking(t *testing.T) {
 		// b's 40 in flight exceed max(1.25 × mean + 2√mean, 4): overloaded
 		// even with no queued tokens, so a takes the lead.
 		name:      "an overloaded pick yields",
-		reps:      []rep{{"a", 4, 0, 1, 0}, {"b", 8, 0, 40, 0}, {"c", 0, 0, 1, 0}},
+		reps:      []rep{{"a", 6, 0, 1, 0}, {"b", 8, 0, 40, 0}, {"c", 0, 0, 1, 0}},
 		decision:  LoadRerank,
 		first:     "a",
 		wantOrder: []string{"a", "b"},
-		wantScore: []float32{16 * 64, 0},
+		wantScore: []float32{16 * 96, 0},
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,6 +169,9 @@ func TestLoadCostRanking(t *testing.T) {
 				x.load(r.name, now, r.waiting, r.running, r.queued)
 			}
 			res, d, first := x.advise(req, now)
+			if tc.first == "" && (first == "b" || first == "c") {
+				first = "" // either idle replica, by the ring
+			}
 			if d != tc.decision || first != tc.first {
 				t.Fatalf("decision %v first %q, want %v %q (scores %+v)", d, first, tc.decision, tc.first, res.Scores)
 			}

@@ -56,7 +56,11 @@ func TestLoadAwareLookupRoute(t *testing.T) {
 			if got := env.chainLookup(t, tenant, a, ac); !proto.Equal(withoutLatency(got), withoutLatency(contract)) {
 				t.Fatalf("idle load changed the answer: %v vs %v", got, contract)
 			}
-			// r1 is 200k tokens behind: r2's 32 matched tokens win.
+			// r2 now holds 6 of the 8 blocks; r1 falls 200k tokens behind:
+			// r2's 96 matched tokens win.
+			env.report(t, &pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: "r2",
+				TimestampUs: frozen.UnixMicro(), Prefixes: []*pb.PrefixEntry{{BlockHashes: a[:6], BlockTokenCounts: ac[:6]}}})
+			contract = env.chainLookup(t, tenant, a, ac)
 			env.report(t, loadStats(tenant, "r1", 20, 8, 200_000))
 			got := env.chainLookup(t, tenant, a, ac)
 			if !on {
@@ -68,7 +72,7 @@ func TestLoadAwareLookupRoute(t *testing.T) {
 			if ids := replicaIDs(got); got.ReasonCode != "PREFIX_MATCH" || !slices.Equal(ids, []string{"r2", "r1"}) {
 				t.Fatalf("r1 behind a long queue: %s %v", got.ReasonCode, ids)
 			}
-			if s := got.ReplicaScores; s[0].Score <= s[1].Score || s[0].MatchedTokens != 32 || s[1].MatchedTokens != 128 {
+			if s := got.ReplicaScores; s[0].Score <= s[1].Score || s[0].MatchedTokens != 96 || s[1].MatchedTokens != 128 {
 				t.Fatalf("scores %v", s)
 			}
 			// A cold request (nobody holds chain C): the contract pins by

@@ -49,6 +49,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.Float64Var(&cfg.Load.Bound, "load-bound", cfg.Load.Bound, "bounded-load factor c: a replica with more requests in flight than max(c x mean, --load-min-queue) is overloaded")
 	fs.IntVar(&cfg.Load.MinQueue, "load-min-queue", cfg.Load.MinQueue, "requests in flight at which load starts to matter (load-awareness turns off again below half of it)")
 	fs.Float64Var(&cfg.Load.PrefillWeight, "load-prefill-weight", cfg.Load.PrefillWeight, "queued prefill tokens one uncached prompt token is worth when ranking by load (>= 1)")
+	fs.Float64Var(&cfg.Load.MinMatch, "load-min-match", cfg.Load.MinMatch, "share of the prompt a cached prefix must cover to count when ranking by load (0..1; 0.5: follow a prefix only when it is at least the part still to compute)")
 	fs.DurationVar(&cfg.Load.MaxAge, "load-max-age", cfg.Load.MaxAge, "a replica's load report older than this is ignored")
 	fs.BoolVar(&cfg.EnablePprof, "enable-pprof", false, "serve /debug/pprof/ on the public HTTP listener and sample mutex and block contention for it")
 	fs.StringVar(&cfg.AllowedControllerSA, "allowed-controller-sa", "", "the only identity accepted on the control endpoints (system:serviceaccount:<ns>:<name>)")
