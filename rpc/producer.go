@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 
+	"google.golang.org/grpc"
+
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/policy"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -20,11 +22,20 @@ import (
 //
 // The stream reuses one message and one engine.Update (with its prefix
 // slice) for all its updates: the index copies what it keeps.
+//
+// A timestamp_us beyond now + MaxClockSkew is clamped to it (counted), so a
+// bad producer clock cannot make entries outlive the TTL. The response
+// header carries the server's instance id (InstanceIDHeader).
 func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServer) error {
 	var (
 		msg pb.CacheStateUpdate
 		cv  updateConverter
 	)
+	if s.instanceMD != nil {
+		// Sent with the Ack (or the error status); a failure means the
+		// stream is already gone, which RecvMsg reports below.
+		_ = stream.SetHeader(s.instanceMD)
+	}
 	for {
 		if err := stream.RecvMsg(&msg); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -35,8 +46,21 @@ func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServ
 		if msg.GetTenantId() == policy.ReservedTenantID {
 			continue
 		}
-		s.index.Ingest(cv.convert(&msg), s.now().UnixMicro())
+		now := s.now().UnixMicro()
+		u := cv.convert(&msg)
+		u.TimestampUs = s.clampTimestamp(u.TimestampUs, now, "ReportCacheState")
+		s.index.Ingest(u, now)
 	}
+}
+
+// clampTimestamp returns ts, or now + the allowed skew when ts lies beyond
+// it (counted for rpc). 0 ("now") and past timestamps pass unchanged.
+func (s *Service) clampTimestamp(ts, now int64, rpc string) int64 {
+	if limit := now + s.skewUS; ts > limit {
+		s.producer.TimestampClamped(rpc)
+		return limit
+	}
+	return ts
 }
 
 // updateConverter turns CacheStateUpdates into engine.Updates, reusing its
@@ -90,18 +114,25 @@ func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
 
 // PublishEvent applies one CacheEvent (contract §1.2) and always answers
 // Ack{accepted: true}. Events for the reserved probe tenant are acknowledged
-// and not applied; PREFIX_ADDED and unknown types are no-ops.
-func (s *Service) PublishEvent(_ context.Context, ev *pb.CacheEvent) (*pb.Ack, error) {
+// and not applied; PREFIX_ADDED and unknown types are no-ops. Timestamps are
+// clamped as in ReportCacheState; the response header carries the instance
+// id.
+func (s *Service) PublishEvent(ctx context.Context, ev *pb.CacheEvent) (*pb.Ack, error) {
+	if s.instanceMD != nil {
+		// Fails only outside a gRPC call (a direct call in a test).
+		_ = grpc.SetHeader(ctx, s.instanceMD)
+	}
 	if ev.GetTenantId() != policy.ReservedTenantID {
+		now := s.now().UnixMicro()
 		s.index.ApplyEvent(&engine.Event{
 			Type:        engine.EventType(ev.GetType()),
 			ReplicaID:   ev.GetReplicaId(),
 			ModelID:     ev.GetModelId(),
 			TenantID:    ev.GetTenantId(),
 			PrefixHash:  ev.GetPrefixHash(),
-			TimestampUs: ev.GetTimestampUs(),
+			TimestampUs: s.clampTimestamp(ev.GetTimestampUs(), now, "PublishEvent"),
 			AdapterID:   ev.GetAdapterId(),
-		}, s.now().UnixMicro())
+		}, now)
 	}
 	return &pb.Ack{Accepted: true}, nil
 }

@@ -52,6 +52,10 @@ const (
 	tenantEvictionReason = "over_entries"
 )
 
+// NameTimestampsClamped is beyond the spec (docs/metrics.md): producer
+// messages whose timestamp_us lay too far in the future, by rpc.
+const NameTimestampsClamped = "inferencecache_producer_timestamps_clamped_total"
+
 // LatencyBuckets are the LookupRoute latency histogram's upper bounds in
 // seconds: 100µs, 250µs, 500µs, 1ms, 2.5ms, 5ms, 10ms, 25ms, 50ms, 100ms.
 var LatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1}
@@ -69,6 +73,10 @@ type Metrics struct {
 	snapshotAuth    *prometheus.CounterVec   // result
 	policyAuth      *prometheus.CounterVec   // result
 	probeAuth       *prometheus.CounterVec   // result
+	// clamped is producer_timestamps_clamped_total{rpc}; its two series
+	// are resolved once in New (clampedReport, clampedEvent).
+	clamped                     *prometheus.CounterVec
+	clampedReport, clampedEvent prometheus.Counter
 
 	// models caches each model's resolved lookup series and entries its
 	// index_entries child. Both are filled with LoadOrCompute on a model's
@@ -138,12 +146,19 @@ func New() *Metrics {
 		models:       xsync.NewMapOf[string, *modelSeries](),
 		entries:      xsync.NewMapOf[string, prometheus.Gauge](),
 	}
+	m.clamped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "producer_timestamps_clamped_total",
+		Help: "Producer messages (ReportCacheState updates, PublishEvent events) whose timestamp_us lay beyond now plus the allowed clock skew and was clamped to it, by rpc.",
+	}, []string{"rpc"})
+	m.clampedReport = m.clamped.WithLabelValues("ReportCacheState")
+	m.clampedEvent = m.clamped.WithLabelValues("PublishEvent")
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.up, m.tlsEnabled, m.indexEntries, m.lookupCalls, m.lookupLatency,
 		m.tenantEvictions, m.indexEvictions, m.snapshotAuth, m.policyAuth, m.probeAuth,
 	)
+	m.reg.MustRegister(m.clamped)
 	return m
 }
 
@@ -241,6 +256,19 @@ func (m *Metrics) SetIndexEntries(model string, n int64) {
 		g, _ = m.entries.LoadOrCompute(model, func() prometheus.Gauge { return m.indexEntries.WithLabelValues(model) })
 	}
 	g.Set(float64(n))
+}
+
+// TimestampClamped implements rpc.ProducerObserver: one increment of
+// producer_timestamps_clamped_total{rpc}.
+func (m *Metrics) TimestampClamped(rpc string) {
+	switch rpc {
+	case "ReportCacheState":
+		m.clampedReport.Inc()
+	case "PublishEvent":
+		m.clampedEvent.Inc()
+	default:
+		m.clamped.WithLabelValues(rpc).Inc()
+	}
 }
 
 // AuthRecorder counts one control endpoint's auth outcomes. It satisfies

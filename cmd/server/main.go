@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"syscall"
 
+	"github.com/inferencecache/inferencecache/rpc"
 	"github.com/inferencecache/inferencecache/server"
 )
 
@@ -55,6 +56,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.DurationVar(&cfg.KeepaliveMinTime, "grpc-keepalive-min-time", cfg.KeepaliveMinTime, "reject clients that ping more often than this")
 	fs.IntVar(&cfg.MaxRecvMsgBytes, "grpc-max-recv-msg-bytes", cfg.MaxRecvMsgBytes, "largest gRPC request message accepted")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on the graceful drain after SIGTERM")
+	fs.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", rpc.DefaultMaxClockSkew, "producer timestamps later than now plus this are clamped to it (counted in inferencecache_producer_timestamps_clamped_total)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
