@@ -79,6 +79,8 @@ type Publisher struct {
 	rng       *rand.Rand
 	published uint64 // messages sent on PUB
 	dropped   uint64 // messages withheld from PUB
+	// replayPaused makes serveReplay ignore requests (PauseReplay).
+	replayPaused bool
 }
 
 // quietLogger silences zmq4's own logging of connection churn.
@@ -181,6 +183,14 @@ func (p *Publisher) ForgetRing() {
 	p.ring = nil
 }
 
+// PauseReplay makes the replay ROUTER ignore requests (paused true) as an
+// overloaded or stuck engine would: clients time out. false resumes.
+func (p *Publisher) PauseReplay(paused bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.replayPaused = paused
+}
+
 // Counts returns the messages published on PUB and withheld from it.
 func (p *Publisher) Counts() (published, dropped uint64) {
 	p.mu.Lock()
@@ -270,8 +280,11 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 		id := msg.Frames[0]
 		start := binary.BigEndian.Uint64(msg.Frames[2])
 		p.mu.Lock()
-		ring := slices.Clone(p.ring)
+		ring, paused := slices.Clone(p.ring), p.replayPaused
 		p.mu.Unlock()
+		if paused {
+			continue
+		}
 		for _, e := range ring {
 			if e.seq < start {
 				continue
