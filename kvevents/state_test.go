@@ -191,3 +191,25 @@ func TestIndexStateRestore(t *testing.T) {
 		t.Fatalf("after Adopt: source %d, target %d", y.Len(), z.Len())
 	}
 }
+
+// BenchmarkPayloadSum: the checksum every sequenced batch now costs (kept
+// to recognize the batch in a replay), next to BenchmarkDecodeBatch's
+// payload of 32 events × 16 blocks.
+func BenchmarkPayloadSum(b *testing.B) {
+	payload := benchPayload(b, 32, 16, false)
+	b.SetBytes(int64(len(payload)))
+	b.ReportAllocs()
+	var sum uint32
+	for b.Loop() {
+		sum ^= payloadSum(payload)
+	}
+	_ = sum
+}
+
+// TestPayloadSumAllocs: the per-batch checksum allocates nothing.
+func TestPayloadSumAllocs(t *testing.T) {
+	payload := benchPayload(t, 4, 16, false)
+	if n := testing.AllocsPerRun(100, func() { _ = payloadSum(payload) }); n != 0 {
+		t.Fatalf("payloadSum allocates %v times", n)
+	}
+}
