@@ -294,7 +294,9 @@ loop:
 			s.handle(ctx, msg)
 			s.next.Store(s.seq.next)
 		case <-saveTick:
-			if data := s.encodeState(); data != nil && w.offer(data) {
+			// A failed write is retried at the next tick even without a
+			// change.
+			if data := s.encodeState(w.failed.Load()); data != nil && w.offer(data) {
 				s.saved = s.changes
 			}
 		}
@@ -309,7 +311,7 @@ loop:
 	}
 	if w != nil {
 		w.close() // waits for a write in progress
-		if data := s.encodeState(); data != nil {
+		if data := s.encodeState(w.failed.Load()); data != nil {
 			w.write(data)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -306,10 +307,10 @@ func (s *Subscriber) foreign(st *State) string {
 }
 
 // encodeState returns the encoded state when it changed since the last
-// save, else nil. Run goroutine only: the index and seq are consistent
-// between two messages.
-func (s *Subscriber) encodeState() []byte {
-	if s.changes == s.saved {
+// save (or force), else nil. Run goroutine only: the index and seq are
+// consistent between two messages.
+func (s *Subscriber) encodeState(force bool) []byte {
+	if s.changes == s.saved && !force {
 		return nil
 	}
 	t := &s.seq
@@ -338,6 +339,9 @@ type stateWriter struct {
 	ch      chan []byte   // at most one write waiting
 	done    chan struct{} // closed when run returned
 	once    sync.Once     // guards close(ch)
+	// failed is set by a failed write and cleared by a good one (writer
+	// goroutine); the Run goroutine reads it to retry without a change.
+	failed atomic.Bool
 }
 
 func newStateWriter(path string, log *slog.Logger, m *Metrics) *stateWriter {
@@ -370,9 +374,11 @@ func (w *stateWriter) close() {
 
 func (w *stateWriter) write(data []byte) {
 	if err := WriteStateFile(w.path, data); err != nil {
+		w.failed.Store(true)
 		w.metrics.stateSave("error")
 		w.log.Warn("cannot write the state file", "path", w.path, "err", err)
 		return
 	}
+	w.failed.Store(false)
 	w.metrics.stateSave("ok")
 }

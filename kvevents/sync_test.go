@@ -368,3 +368,36 @@ func TestSubscriberUnknownParentRecovers(t *testing.T) {
 			counter(t, m2.recoveries.WithLabelValues("no_further")), counter(t, m2.eventsDropped.WithLabelValues(DropUnknownParent)))
 	}
 }
+
+// TestSubscriberStateWriteRetried: a failed state write (its directory is
+// missing) is counted and retried at the next tick, even when nothing
+// changed since.
+func TestSubscriberStateWriteRetried(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "later")
+	path := filepath.Join(dir, "state")
+	pub := newEngine(t, 100)
+	w := fakeengine.NewSynthetic(fakeengine.SyntheticConfig{Sessions: 2, CapacityBlocks: 100, Seed: 28})
+	r := runSub(t, pub, func(c *Config) { c.StateFile = path })
+	last := publishN(t, pub, w, 5)
+	r.settle(t, last+1)
+	ctx := testCtx(t, 10*time.Second)
+	for counter(t, r.metrics.stateSaves.WithLabelValues("error")) == 0 {
+		if !sleepCtx(ctx, 5*time.Millisecond) {
+			t.Fatal("no failed state write")
+		}
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if st, err := ReadStateFile(path, 0); err == nil {
+			if st.Next != last+1 || len(st.Entries) != r.Index().Len() {
+				t.Fatalf("state next %d with %d entries, want %d with %d", st.Next, len(st.Entries), last+1, r.Index().Len())
+			}
+			return
+		}
+		if !sleepCtx(ctx, 5*time.Millisecond) {
+			t.Fatal("the failed write was not retried")
+		}
+	}
+}
