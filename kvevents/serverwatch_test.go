@@ -134,7 +134,7 @@ func TestForwarderHeartbeat(t *testing.T) {
 	rec.mu.Lock()
 	during := rec.attempts - before
 	rec.mu.Unlock()
-	if during < 8 {
+	if during < 5 { // about 20 (every 20 ms); fewer on a loaded machine, but far more than the 0 or 1 of 80 ms
 		t.Fatalf("%d heartbeat attempts in 400 ms while failing, want about 20 (every 20 ms)", during)
 	}
 	// It comes back as a new instance: the next heartbeat reveals it and
