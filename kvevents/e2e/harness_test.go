@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -94,9 +95,20 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-// freePort returns a loopback port nobody listens on right now.
+// freePort returns a loopback port nobody listens on right now. It is
+// drawn below Linux's default ephemeral range (32768+), so an outgoing
+// connection of another process cannot take it between the kill of a
+// process and its restart on the same port; it falls back to a
+// kernel-chosen port.
 func freePort(t *testing.T) int {
 	t.Helper()
+	for range 50 {
+		port := 20000 + rand.IntN(12000)
+		if l, err := net.Listen("tcp", addr(port)); err == nil {
+			_ = l.Close()
+			return port
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
