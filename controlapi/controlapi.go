@@ -18,6 +18,11 @@ type CacheSnapshot struct {
 	TotalPrefixes int64            `json:"totalPrefixes"`
 	// HotPrefixes is always 0; the key is kept for wire compatibility.
 	HotPrefixes int64 `json:"hotPrefixes"`
+	// ServerInstanceID identifies the server process that produced the
+	// snapshot; it is random per start, so a new value means the server
+	// restarted with an empty index. Beyond the contract; omitted when
+	// empty (a server that predates it).
+	ServerInstanceID string `json:"serverInstanceId,omitempty"`
 }
 
 // ReplicaSnapshot is one (tenant, replica) row of /snapshot.

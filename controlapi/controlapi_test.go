@@ -34,6 +34,12 @@ func TestSnapshotJSONKeys(t *testing.T) {
 	if err := json.Unmarshal([]byte(want), &back); err != nil || !back.Replicas[0].LastEventAt.IsZero() {
 		t.Fatalf("round trip: %v %+v", err, back)
 	}
+	// serverInstanceId (beyond the contract) is last and omitted when empty.
+	s.ServerInstanceID = "abc"
+	b, _ = json.Marshal(s)
+	if !strings.HasSuffix(string(b), `"hotPrefixes":0,"serverInstanceId":"abc"}`) {
+		t.Fatalf("serverInstanceId: %s", b)
+	}
 }
 
 func TestProbeJSONKeys(t *testing.T) {

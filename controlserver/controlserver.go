@@ -145,9 +145,13 @@ func (h *handler) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 		methodNotAllowed(w, allowSnapshot)
 		return
 	}
-	data, err := json.Marshal(h.snapshots.Snapshot())
+	snap := h.snapshots.Snapshot()
+	if n := sanitizeSnapshot(&snap); n > 0 {
+		h.log.Warn("cache snapshot has values JSON cannot carry; clamped them", "values", n)
+	}
+	data, err := json.Marshal(snap)
 	if err != nil {
-		// Only a non-finite float can get here (e.g. a NaN hit rate).
+		// sanitizeSnapshot leaves nothing encoding/json refuses.
 		h.log.Error("cannot encode the cache snapshot", "err", err)
 		http.Error(w, "cannot encode the cache snapshot", http.StatusInternalServerError)
 		return

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -391,17 +392,56 @@ func TestSnapshot(t *testing.T) {
 		}
 		wg.Wait()
 	})
-	t.Run("500 on an unencodable snapshot", func(t *testing.T) {
+	t.Run("values JSON cannot carry are clamped, never a 500", func(t *testing.T) {
+		bad := controlapi.CacheSnapshot{
+			Replicas: []controlapi.ReplicaSnapshot{
+				{ReplicaID: "future", LastUpdate: time.UnixMicro(math.MaxInt64).UTC(), LastEventAt: time.UnixMicro(math.MaxInt64).UTC(),
+					HitRate: float32(math.Inf(1)), PrefixCount: 1},
+				{ReplicaID: "past", LastUpdate: time.UnixMicro(math.MinInt64).UTC(), Pressure: float32(math.NaN())},
+				{ReplicaID: "fine", LastUpdate: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)},
+			},
+			Tenants: []controlapi.TenantSnapshot{{TenantID: "t", HitRate: float32(math.NaN())}},
+		}
+		source := controlapi.CacheSnapshot{
+			Replicas: slices.Clone(bad.Replicas),
+			Tenants:  slices.Clone(bad.Tenants),
+		}
 		e.snaps.mu.Lock()
-		e.snaps.snap = controlapi.CacheSnapshot{Tenants: []controlapi.TenantSnapshot{{HitRate: float32(math.NaN())}}}
+		e.snaps.snap = source
 		e.snaps.mu.Unlock()
 		defer func() {
 			e.snaps.mu.Lock()
 			e.snaps.snap = sampleSnapshot
 			e.snaps.mu.Unlock()
 		}()
-		if r := e.do(t, http.MethodGet, "/snapshot", nil); r.code != http.StatusInternalServerError {
-			t.Fatalf("status %d", r.code)
+		r := e.do(t, http.MethodGet, "/snapshot", nil)
+		if r.code != http.StatusOK {
+			t.Fatalf("status %d body %q", r.code, r.body)
+		}
+		var got controlapi.CacheSnapshot
+		if err := json.Unmarshal(r.body, &got); err != nil {
+			t.Fatal(err)
+		}
+		maxT := time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
+		minT := time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
+		if f := got.Replicas[0]; !f.LastUpdate.Equal(maxT) || !f.LastEventAt.Equal(maxT) || f.HitRate != 0 || f.PrefixCount != 1 {
+			t.Errorf("future row %+v", f)
+		}
+		if p := got.Replicas[1]; !p.LastUpdate.Equal(minT) || p.Pressure != 0 {
+			t.Errorf("past row %+v", p)
+		}
+		if f := got.Replicas[2]; !f.LastUpdate.Equal(bad.Replicas[2].LastUpdate) {
+			t.Errorf("fine row changed: %+v", f)
+		}
+		if got.Tenants[0].HitRate != 0 {
+			t.Errorf("tenant row %+v", got.Tenants[0])
+		}
+		// The source's slices are not written.
+		if !reflect.DeepEqual(source.Replicas[0], bad.Replicas[0]) || !math.IsNaN(float64(source.Tenants[0].HitRate)) {
+			t.Error("sanitizing wrote through to the source's slices")
+		}
+		if !strings.Contains(e.logs.String(), "values=6") {
+			t.Errorf("no warning naming the 6 clamped values: %s", e.logs.String())
 		}
 	})
 }

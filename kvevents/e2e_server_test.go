@@ -237,10 +237,8 @@ func startOnServer(t *testing.T, srv *realServer, cfgMut func(*Config)) (*zmqFix
 	t.Cleanup(func() { _ = conn.Close() })
 	tee := &teeSink{Sink: NewGRPCSink(conn, nil)}
 	f := startZMQSink(t, fakeengine.Config{Encoding: fakeengine.Encoding{Layout: fakeengine.LayoutMap}}, true, cfgMut, tee)
-	// Let the startup resync (ALL_CLEARED, then the index re-reported
-	// stamped now) finish before anything is published: a block applied
-	// before it would reach the server through the resync, stamped now,
-	// rather than with the engine's timestamp.
+	// Let the startup sync's deliveries finish before anything is
+	// published (startZMQSink waited for the sync itself).
 	if err := f.sub.Forwarder().Flush(testCtx(t, 10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +290,8 @@ func TestE2ERealServerMatchesEngine(t *testing.T) {
 	srv := startRealServer(t, nil)
 	run := driveE2E(t, srv.addr, 120, nil)
 	m := run.sub.metrics
-	if counter(t, m.gaps) != 1 || counter(t, m.replays.WithLabelValues(ReplayOK)) != 1 {
+	// Two replays: the sync when the SUB socket connected, and the gap.
+	if counter(t, m.gaps) != 1 || counter(t, m.replays.WithLabelValues(ReplayOK)) != 2 {
 		t.Fatalf("gaps %v, replays ok %v: the forced gap was not repaired by replay",
 			counter(t, m.gaps), counter(t, m.replays.WithLabelValues(ReplayOK)))
 	}
@@ -449,7 +448,7 @@ func TestE2ERealServerRemovalAndClear(t *testing.T) {
 	if _, ok := srv.replicaRow("r1"); ok {
 		t.Fatal("r1 still in the snapshot")
 	}
-	if n := tee.count(icv1.CacheEvent_ALL_CLEARED); n != 2 { // on start, and the engine's
+	if n := tee.count(icv1.CacheEvent_ALL_CLEARED); n != 1 { // the engine's
 		t.Fatalf("%d ALL_CLEARED delivered", n)
 	}
 }
@@ -529,8 +528,8 @@ func TestE2ERealServerUnrepairableGapClears(t *testing.T) {
 	if got := counter(t, f.sub.metrics.replays.WithLabelValues(ReplayIncomplete)); got != 1 {
 		t.Fatalf("replays{incomplete} = %v", got)
 	}
-	if n := tee.count(icv1.CacheEvent_ALL_CLEARED); n != 2 { // on start, and for the gap
-		t.Fatalf("%d ALL_CLEARED delivered, want 2", n)
+	if n := tee.count(icv1.CacheEvent_ALL_CLEARED); n != 1 { // for the gap
+		t.Fatalf("%d ALL_CLEARED delivered, want 1", n)
 	}
 	for _, toks := range [][]uint32{x, x[:16], model.blocks[113].tokens} {
 		if l := srv.lookupChain(t, "", toks); l.reason == "PREFIX_MATCH" || len(l.scores) != 0 {

@@ -21,6 +21,23 @@ type Sink interface {
 	PublishEvent(ctx context.Context, e *icv1.CacheEvent) error
 }
 
+// ServerWatcher is implemented by sinks that can tell when the server may
+// have lost what they delivered (GRPCSink): ServerEpoch changes when the
+// server's instance id changed (it restarted, empty) or a call succeeded
+// after the connection to it was lost, and reason says which. After every
+// successful call the forwarder compares the epoch with the one it saw
+// last and, on a change, re-reports the whole positional index.
+type ServerWatcher interface {
+	ServerEpoch() (epoch uint64, reason string)
+}
+
+// Re-report reasons (the rereports counter's label).
+const (
+	RereportSync            = "sync"             // a replay rebuilt or verified the index (start, engine reconnect)
+	RereportServerRestart   = "server_restart"   // the server's instance id changed
+	RereportServerReconnect = "server_reconnect" // a call succeeded after the server was unreachable
+)
+
 // Forwarder defaults (contract §6).
 const (
 	DefaultWindow      = 100 * time.Millisecond
@@ -32,6 +49,9 @@ const (
 	// DefaultRefreshInterval is how often the blocks the engine still holds
 	// are re-reported (see ForwarderConfig.RefreshInterval).
 	DefaultRefreshInterval = 5 * time.Minute
+	// DefaultHeartbeat is how long an idle subscriber goes without a call
+	// to the server before it sends a heartbeat (Config.Heartbeat).
+	DefaultHeartbeat = 2 * time.Second
 )
 
 // ForwarderConfig configures a Forwarder. Zero durations and sizes take the
@@ -61,9 +81,15 @@ type ForwarderConfig struct {
 	RefreshInterval time.Duration
 	// ResyncOnStart starts the forwarder in the resync state: its first
 	// delivery is ALL_CLEARED for the replica followed by the positional
-	// index's content, so state left by an earlier subscriber incarnation
-	// cannot survive.
+	// index's content. The subscriber does not use it: a restarted
+	// subscriber must not wipe what the server holds for its engine.
 	ResyncOnStart bool
+	// Heartbeat, when positive, is how long the forwarder may go without a
+	// call to the server before it sends one PublishEvent REPLICA_UPDATED
+	// (a liveness refresh, contract §1.2): through a ServerWatcher sink its
+	// answer reveals a server restart even while the engine is idle. While
+	// calls fail, it is retried every Heartbeat/4. 0 disables it.
+	Heartbeat time.Duration
 
 	Logger  *slog.Logger
 	Metrics *Metrics
@@ -177,9 +203,21 @@ type Forwarder struct {
 	// Flush waits on it.
 	idle chan struct{}
 
+	// rereport asks the Run goroutine to re-report the whole positional
+	// index ahead of the queue (Rereport); rereportWhy is its reason.
+	rereport    bool
+	rereportWhy string
+
 	// ref is the periodic refresh's progress; only the Run goroutine
 	// (Run, deliverOne, doResync, refreshStep) reads or writes it.
 	ref refreshState
+	// Owned by the Run goroutine (call, heartbeat): when the last call was
+	// attempted and whether it succeeded, and the ServerWatcher epoch seen
+	// last (epochKnown once one was seen).
+	lastCall   time.Time
+	lastCallOK bool
+	epoch      uint64
+	epochKnown bool
 }
 
 // refreshState tracks one walk of the positional index (see refreshStep).
@@ -289,6 +327,58 @@ func (f *Forwarder) Stats(s *icv1.ReplicaStats, tsUS int64) {
 	f.checkOverflowLocked()
 }
 
+// QueueSync queues, behind everything queued so far, the outcome of a
+// replay that rebuilt or caught up the positional index: ALL_CLEARED when
+// the engine cleared its cache within the replayed batches (pending adds are
+// discarded), else the pending adds sealed first; then the T2 demotions and
+// the evictions of blocks the index no longer holds; then held, the whole
+// index, stamped tsUS. These ops are bounded by the replay and the index, so
+// they do not count against MaxBuffered. The caller must not change the
+// index between reading held and this call (the subscriber's goroutine, the
+// index's only writer, does both). Nothing is queued while a resync is
+// pending: its own re-report of the index covers it.
+func (f *Forwarder) QueueSync(cleared bool, evicted, demoted, held []Prefix, tsUS int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.resync {
+		return
+	}
+	if cleared {
+		f.buffered -= len(f.pending)
+		f.pending, f.pendingTS = nil, 0
+		f.pushLocked(op{kind: opClear, tsUS: tsUS})
+	} else {
+		f.sealLocked()
+	}
+	f.pushChunksLocked(demoted, TierT2, tsUS)
+	if len(evicted) > 0 {
+		f.pushLocked(op{kind: opEvict, prefixes: clonePrefixes(evicted, 0), tsUS: tsUS, snapshot: true})
+	}
+	f.pushChunksLocked(held, 0, tsUS)
+	f.cfg.Metrics.rereport(RereportSync)
+	f.checkOverflowLocked()
+}
+
+// pushChunksLocked queues ps as snapshot report ops of at most MaxPending
+// entries (tier overrides each entry's when non-zero).
+func (f *Forwarder) pushChunksLocked(ps []Prefix, tier Tier, tsUS int64) {
+	for len(ps) > 0 {
+		n := min(len(ps), f.cfg.MaxPending)
+		f.pushLocked(op{kind: opReport, prefixes: clonePrefixes(ps[:n], tier), tsUS: tsUS, snapshot: true})
+		ps = ps[n:]
+	}
+}
+
+// Rereport asks for the whole positional index to be re-reported, stamped
+// now, ahead of anything queued (as a resync does, without ALL_CLEARED):
+// the server lost it (it restarted) or may have. Safe from any goroutine.
+func (f *Forwarder) Rereport(reason string) {
+	f.mu.Lock()
+	f.rereport, f.rereportWhy = true, reason
+	f.mu.Unlock()
+	f.kick()
+}
+
 // Buffered returns the entries waiting for delivery.
 func (f *Forwarder) Buffered() int {
 	f.mu.Lock()
@@ -390,6 +480,9 @@ func (f *Forwarder) Run(ctx context.Context) error {
 			if ok && !more {
 				ok = f.refreshStep(ctx)
 			}
+			if ok && !more {
+				ok = f.heartbeat(ctx)
+			}
 			if ok {
 				backoff = f.cfg.MinBackoff
 			} else {
@@ -442,6 +535,13 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 		f.mu.Unlock()
 		return f.doResync(ctx), true
 	}
+	if f.rereport {
+		why := f.rereportWhy
+		f.rereport, f.rereportWhy = false, ""
+		f.mu.Unlock()
+		f.doRereport(why)
+		return true, true
+	}
 	if len(f.queue) == 0 {
 		f.mu.Unlock()
 		return true, false
@@ -491,6 +591,7 @@ func (f *Forwarder) doResync(ctx context.Context) bool {
 	// of delivery are idempotent, so the overlap is harmless.
 	f.mu.Lock()
 	f.resync = false
+	f.rereport = false // the snapshot below is one
 	f.mu.Unlock()
 
 	var snap []Prefix
@@ -516,6 +617,58 @@ func (f *Forwarder) doResync(ctx context.Context) bool {
 	f.cfg.Logger.Info("resync: replica cleared on the server; re-reporting the positional index",
 		"blocks", blocks)
 	return true
+}
+
+// doRereport puts a re-report of the whole positional index, stamped now,
+// at the front of the queue. As for a resync's snapshot, the front is
+// right: a block whose newest change is still queued is re-reported with a
+// state at most as new as that change, which is delivered after it; any
+// change made after the read is queued behind it.
+func (f *Forwarder) doRereport(reason string) {
+	if f.snap == nil {
+		return
+	}
+	now := f.cfg.Now().UnixMicro()
+	snap := f.snap.AppendSnapshot(nil)
+	blocks := len(snap)
+	ops := make([]op, 0, len(snap)/f.cfg.MaxPending+1)
+	for len(snap) > 0 {
+		n := min(len(snap), f.cfg.MaxPending)
+		ops = append(ops, op{kind: opReport, prefixes: snap[:n:n], tsUS: now, snapshot: true})
+		snap = snap[n:]
+	}
+	f.mu.Lock()
+	f.queue = append(ops, f.queue...)
+	f.mu.Unlock()
+	f.ref.active = false
+	f.ref.due = f.cfg.Now().Add(f.cfg.RefreshInterval)
+	f.cfg.Metrics.rereport(reason)
+	f.cfg.Logger.Info("re-reporting the positional index", "reason", reason, "blocks", blocks)
+}
+
+// heartbeat sends one REPLICA_UPDATED when no call was made for Heartbeat
+// (Heartbeat/4 after a failed call). It reports false when the call failed.
+func (f *Forwarder) heartbeat(ctx context.Context) bool {
+	if f.cfg.Heartbeat <= 0 {
+		return true
+	}
+	every := f.cfg.Heartbeat
+	if !f.lastCallOK {
+		every /= 4
+	}
+	now := f.cfg.Now()
+	if now.Sub(f.lastCall) < every {
+		return true
+	}
+	f.mu.Lock()
+	busy := f.resync || f.rereport || len(f.queue) > 0
+	f.mu.Unlock()
+	if busy {
+		return true
+	}
+	return f.call(ctx, "PublishEvent", func(ctx context.Context) error {
+		return f.sink.PublishEvent(ctx, f.event(icv1.CacheEvent_REPLICA_UPDATED, nil, now.UnixMicro()))
+	}) == nil
 }
 
 // refreshStep advances the periodic refresh by one chunk: when a walk is due
@@ -614,16 +767,35 @@ func (f *Forwarder) send(ctx context.Context, o *op) (int, error) {
 	panic("BUG: unknown forwarder op")
 }
 
+// call makes one sink call bounded by RPCTimeout. Run goroutine only.
 func (f *Forwarder) call(ctx context.Context, rpc string, fn func(context.Context) error) error {
 	cctx, cancel := context.WithTimeout(ctx, f.cfg.RPCTimeout)
 	defer cancel()
 	start := time.Now()
 	err := fn(cctx)
 	f.cfg.Metrics.forwarded(rpc, time.Since(start), err)
+	f.lastCall, f.lastCallOK = f.cfg.Now(), err == nil
 	if err != nil {
 		f.cfg.Logger.Debug("forward failed", "rpc", rpc, "err", err)
+		return err
 	}
-	return err
+	f.watchServer()
+	return nil
+}
+
+// watchServer compares the sink's ServerEpoch with the last one seen and
+// asks for a re-report of the index when it changed. Run goroutine only.
+func (f *Forwarder) watchServer() {
+	w, ok := f.sink.(ServerWatcher)
+	if !ok {
+		return
+	}
+	epoch, reason := w.ServerEpoch()
+	if f.epochKnown && epoch != f.epoch {
+		f.cfg.Logger.Info("the server may have lost the replica's state", "reason", reason)
+		f.Rereport(reason) // delivered by this goroutine's next round
+	}
+	f.epoch, f.epochKnown = epoch, true
 }
 
 func (f *Forwarder) update(ps []Prefix, tsUS int64, stats *icv1.ReplicaStats) *icv1.CacheStateUpdate {

@@ -157,16 +157,9 @@ func (x *Index) Clear() {
 func (x *Index) adapterLocked(ev *Event) (string, bool) {
 	if len(ev.LoRAName) > 0 {
 		if s, ok := x.names[string(ev.LoRAName)]; ok {
-			return s, true
+			return s, true // no allocation for a known name
 		}
-		s := string(ev.LoRAName)
-		if x.names == nil {
-			x.names = make(map[string]string)
-		}
-		if len(x.names) < maxInternedNames {
-			x.names[s] = s
-		}
-		return s, true
+		return x.internLocked(string(ev.LoRAName)), true
 	}
 	if ev.HasLoRAID {
 		s, ok := x.adapters[ev.LoRAID]
@@ -286,6 +279,76 @@ func (x *Index) AppendSnapshot(dst []Prefix) []Prefix {
 	return dst
 }
 
+// AppendState appends every indexed block with its engine hash and media,
+// most recently used first, to dst (the state file's content).
+func (x *Index) AppendState(dst []StateEntry) []StateEntry {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for s := x.head; s >= 0; s = x.nodes[s].next {
+		nd := &x.nodes[s]
+		dst = append(dst, StateEntry{Engine: nd.engine, Key: nd.key, Tokens: nd.tokens, Media: nd.media, Adapter: nd.adapter})
+	}
+	return dst
+}
+
+// Restore replaces the index's content with entries, most recently used
+// first (AppendState's order), keeping at most MaxBlocks of them (the most
+// recent) and skipping repeated engine hashes and entries without a medium.
+// It returns how many it kept.
+func (x *Index) Restore(entries []StateEntry) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.resetLocked()
+	for i := range entries {
+		e := &entries[i]
+		if len(x.byEngine) >= x.maxBlocks {
+			break
+		}
+		if _, dup := x.byEngine[e.Engine]; dup || e.Media&(mediaGPU|mediaOther) == 0 {
+			continue
+		}
+		slot := x.allocLocked()
+		x.byEngine[e.Engine] = slot
+		x.nodes[slot] = posNode{engine: e.Engine, key: e.Key, tokens: e.Tokens, media: e.Media & (mediaGPU | mediaOther),
+			adapter: x.internLocked(e.Adapter), prev: -1, next: -1}
+		x.pushBackLocked(slot)
+	}
+	return len(x.byEngine)
+}
+
+// Adopt replaces x's content with o's and leaves o empty. Both must have
+// been made with the same configuration; o must not be in use by anyone
+// else (a replay rebuilds into a private index, then the subscriber adopts
+// it).
+func (x *Index) Adopt(o *Index) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	x.byEngine, x.nodes, x.free, x.head, x.tail = o.byEngine, o.nodes, o.free, o.head, o.tail
+	x.evicted += o.evicted
+	o.nodes = nil
+	o.resetLocked()
+}
+
+// internLocked returns the interned copy of name (bounded by
+// maxInternedNames; beyond it name itself).
+func (x *Index) internLocked(name string) string {
+	if name == "" {
+		return ""
+	}
+	if s, ok := x.names[name]; ok {
+		return s
+	}
+	if x.names == nil {
+		x.names = make(map[string]string)
+	}
+	if len(x.names) < maxInternedNames {
+		x.names[name] = name
+	}
+	return name
+}
+
 // refreshScanFactor bounds the slab slots one AppendHeld call visits, as a
 // multiple of the entries it may return, so a slab left sparse by mass
 // removals cannot make one call hold the lock for long.
@@ -337,6 +400,19 @@ func (x *Index) pushFrontLocked(s int32) {
 	x.head = s
 	if x.tail < 0 {
 		x.tail = s
+	}
+}
+
+// pushBackLocked links s as the least recently used node.
+func (x *Index) pushBackLocked(s int32) {
+	nd := &x.nodes[s]
+	nd.prev, nd.next = x.tail, -1
+	if x.tail >= 0 {
+		x.nodes[x.tail].next = s
+	}
+	x.tail = s
+	if x.head < 0 {
+		x.head = s
 	}
 }
 

@@ -32,6 +32,10 @@ type Metrics struct {
 	reconnects      prometheus.Counter
 	refreshEntries  prometheus.Counter
 	refreshes       prometheus.Counter
+	rereports       *prometheus.CounterVec // reason
+	stateSaves      *prometheus.CounterVec // result
+	stateLoads      *prometheus.CounterVec // result
+	recoveries      *prometheus.CounterVec // outcome
 }
 
 // Replay outcomes (the replays counter's label).
@@ -86,6 +90,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		refreshes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "refreshes_total", Help: "Periodic refresh walks of the positional index completed."}),
 	}
+	m.rereports = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "rereports_total", Help: "Re-reports of the whole positional index without ALL_CLEARED, by reason (sync, server_restart, server_reconnect)."}, []string{"reason"})
+	m.stateSaves = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "state_saves_total", Help: "State file writes, by result (ok, error)."}, []string{"result"})
+	m.stateLoads = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "state_loads_total", Help: "State file reads at start, by result (ok, missing, invalid, foreign, error)."}, []string{"result"})
+	m.recoveries = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "history_recoveries_total", Help: "Replays from the engine's oldest buffered batch triggered by a BlockStored with an unknown parent, by outcome (adopted, no_further, failed)."}, []string{"outcome"})
 	for k := range m.decodedByKind {
 		m.decodedByKind[k] = m.eventsDecoded.WithLabelValues(EventKind(k).String())
 	}
@@ -93,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.batchesDecoded, m.batchesDropped, m.eventsDecoded, m.eventsDropped,
 			m.unknownRemovals, m.gaps, m.replays, m.restarts, m.resyncs, m.overflows,
 			m.forwardLatency, m.forwardErrors, m.buffered, m.indexBlocks, m.scrapes, m.reconnects,
-			m.refreshEntries, m.refreshes)
+			m.refreshEntries, m.refreshes, m.rereports, m.stateSaves, m.stateLoads, m.recoveries)
 	}
 	return m
 }
@@ -202,5 +214,29 @@ func (m *Metrics) refreshed(n int) {
 func (m *Metrics) refreshDone() {
 	if m != nil {
 		m.refreshes.Inc()
+	}
+}
+
+func (m *Metrics) rereport(reason string) {
+	if m != nil {
+		m.rereports.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) stateSave(result string) {
+	if m != nil {
+		m.stateSaves.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) stateLoad(result string) {
+	if m != nil {
+		m.stateLoads.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) recovery(outcome string) {
+	if m != nil {
+		m.recoveries.WithLabelValues(outcome).Inc()
 	}
 }

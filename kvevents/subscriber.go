@@ -23,6 +23,12 @@ const (
 	// carries the live load that load-aware routing ranks by (docs/routing.md).
 	DefaultStatsInterval   = time.Second
 	DefaultShutdownTimeout = 5 * time.Second
+	// DefaultStateInterval is how often a changed positional index is
+	// written to the state file.
+	DefaultStateInterval = 5 * time.Second
+	// DefaultRecoveryInterval spaces replays triggered by a BlockStored
+	// whose parent is unknown.
+	DefaultRecoveryInterval = 30 * time.Second
 	// ClientVersion is reported in ReplicaStats.client_version.
 	ClientVersion = "inferencecache-kvevent-subscriber/v1alpha1"
 )
@@ -78,6 +84,22 @@ type Config struct {
 	// ShutdownTimeout bounds the final flush after ctx is done.
 	ShutdownTimeout time.Duration
 
+	// StateFile, when set, keeps the positional index and the engine
+	// sequence it reflects across subscriber restarts: it is read at start
+	// (a missing, corrupt or foreign file is logged and ignored) and written
+	// atomically every StateInterval while it changes, and on shutdown.
+	StateFile string
+	// StateInterval is how often the state file is written; 0 means
+	// DefaultStateInterval.
+	StateInterval time.Duration
+	// Heartbeat is ForwarderConfig.Heartbeat: 0 means DefaultHeartbeat, a
+	// negative value disables it.
+	Heartbeat time.Duration
+	// RecoveryInterval spaces the replays from the engine's oldest batch
+	// that a BlockStored with an unknown parent triggers; 0 means
+	// DefaultRecoveryInterval.
+	RecoveryInterval time.Duration
+
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics are not registered
 }
@@ -101,6 +123,18 @@ func (c *Config) setDefaults() {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if c.StateInterval <= 0 {
+		c.StateInterval = DefaultStateInterval
+	}
+	switch {
+	case c.Heartbeat == 0:
+		c.Heartbeat = DefaultHeartbeat
+	case c.Heartbeat < 0:
+		c.Heartbeat = 0
+	}
+	if c.RecoveryInterval <= 0 {
+		c.RecoveryInterval = DefaultRecoveryInterval
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -109,7 +143,9 @@ func (c *Config) setDefaults() {
 // Subscriber follows one engine endpoint: it receives KV-event batches on
 // a ZMQ SUB socket, repairs sequence gaps through the engine's replay
 // endpoint, keeps the replica's positional index and forwards the result
-// to a Sink. Run it once.
+// to a Sink. Whenever the SUB socket (re)connects it brings the index up to
+// the engine's present through the replay endpoint (sync), which also
+// recognizes a restarted engine. Run it once.
 type Subscriber struct {
 	cfg     Config // immutable after New
 	log     *slog.Logger
@@ -121,11 +157,36 @@ type Subscriber struct {
 	// next mirrors seq.next for observers (tests, logs): written by the Run
 	// goroutine after each message, read by anyone.
 	next atomic.Uint64
+	// connects counts the SUB connections whose sync (onConnect) is done:
+	// written by the Run goroutine, read by observers (tests).
+	connects atomic.Uint64
+	// connNow is the number of the SUB connection established last:
+	// written by the receive goroutine, read by the Run goroutine after a
+	// sync.
+	connNow atomic.Uint64
 
 	// Owned by the Run goroutine.
 	dec   *Decoder
 	batch Batch
-	seq   seqTracker
+	// rdec and rbatch decode replayed batches of a sync or a recovery,
+	// which can run while batch is still in use.
+	rdec   *Decoder
+	rbatch Batch
+	seq    seqTracker
+	// synced is set by the first sync (or, without a replay endpoint, the
+	// startup re-report): the loaded state has been re-reported.
+	synced bool
+	// extendable says the index's history might reach further back
+	// through a replay from the engine's oldest buffered batch (it started
+	// at a live message, not at a replay from the oldest or at seq 0).
+	extendable   bool
+	lastRecovery time.Time
+	// replaying is set while a replay is being applied (no recovery
+	// inside it).
+	replaying bool
+	// changes counts changes of the index or seq; the state is written
+	// when it differs from saved.
+	changes, saved uint64
 }
 
 // seqTracker follows the sequence numbers of one endpoint.
@@ -133,14 +194,22 @@ type seqTracker struct {
 	started bool
 	next    uint64 // first sequence number not applied yet
 	conn    uint64 // connection the last message came on
+	// lastSum is payloadSum of batch next-1, to recognize it in a replay.
+	lastSum uint32
+	// historyFrom is the first sequence number of the contiguous history
+	// the index was built from.
+	historyFrom uint64
 }
 
 // message is one ZMQ message and the connection it came on: the receive
 // goroutine counts connections so a restarted engine (which restarts its
-// sequence numbers) can be told from a late, reordered message.
+// sequence numbers) can be told from a late, reordered message. A message
+// with connected set carries no frames: it marks the start of connection
+// conn.
 type message struct {
-	frames [][]byte
-	conn   uint64
+	frames    [][]byte
+	conn      uint64
+	connected bool
 }
 
 // New returns a Subscriber delivering to sink.
@@ -163,7 +232,7 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 		MinBackoff:      cfg.MinBackoff,
 		MaxBackoff:      cfg.MaxBackoff,
 		RefreshInterval: cfg.RefreshInterval,
-		ResyncOnStart:   true,
+		Heartbeat:       cfg.Heartbeat,
 		Logger:          cfg.Logger,
 		Metrics:         m,
 	}, sink, idx)
@@ -175,6 +244,7 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 		fwd:     fwd,
 		proc:    NewProcessor(idx, fwd, cfg.L2, cfg.Logger, m),
 		dec:     NewDecoder(),
+		rdec:    NewDecoder(),
 	}, nil
 }
 
@@ -188,9 +258,10 @@ func (s *Subscriber) Forwarder() *Forwarder { return s.fwd }
 func (s *Subscriber) NextSeq() uint64 { return s.next.Load() }
 
 // Run subscribes and forwards until ctx is done, then flushes what is
-// queued for at most ShutdownTimeout. It returns nil after a clean
-// shutdown, or the flush error.
+// queued for at most ShutdownTimeout and writes the state file. It returns
+// nil after a clean shutdown, or the flush error.
 func (s *Subscriber) Run(ctx context.Context) error {
+	s.loadState()
 	// The forwarder outlives ctx by the shutdown flush.
 	fctx, stopForwarder := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
@@ -199,6 +270,16 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		stopForwarder()
 		wg.Wait()
 	}()
+	var w *stateWriter
+	var saveTick <-chan time.Time
+	if s.cfg.StateFile != "" {
+		w = newStateWriter(s.cfg.StateFile, s.log, s.metrics)
+		wg.Go(w.run)
+		defer w.close()
+		t := time.NewTicker(s.cfg.StateInterval)
+		defer t.Stop()
+		saveTick = t.C
+	}
 
 	msgs := make(chan message, 256)
 	wg.Go(func() { s.receive(ctx, msgs) })
@@ -216,27 +297,45 @@ loop:
 		case msg := <-msgs:
 			s.handle(ctx, msg)
 			s.next.Store(s.seq.next)
+		case <-saveTick:
+			// A failed write is retried at the next tick even without a
+			// change.
+			if data := s.encodeState(w.failed.Load()); data != nil && w.offer(data) {
+				s.saved = s.changes
+			}
 		}
 	}
 
 	flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer cancel()
+	var flushErr error
 	if err := s.fwd.Flush(flushCtx); err != nil {
 		s.log.Warn("shutdown: could not deliver everything", "buffered", s.fwd.Buffered(), "err", err)
-		return fmt.Errorf("cannot flush on shutdown: %w", err)
+		flushErr = fmt.Errorf("cannot flush on shutdown: %w", err)
 	}
-	return nil
+	if w != nil {
+		w.close() // waits for a write in progress
+		if data := s.encodeState(w.failed.Load()); data != nil {
+			w.write(data)
+		}
+	}
+	return flushErr
 }
 
 // handle applies one live message, repairing a gap before it if needed.
 func (s *Subscriber) handle(ctx context.Context, msg message) {
+	if msg.connected {
+		s.onConnect(ctx)
+		s.connects.Add(1)
+		return
+	}
 	seq, hasSeq, payload, err := ParseMessage(msg.frames)
 	if err != nil {
 		s.dropBatch(err)
 		return
 	}
 	if !hasSeq {
-		s.apply(payload)
+		s.apply(ctx, payload, false)
 		return
 	}
 	t := &s.seq
@@ -244,13 +343,17 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 	t.conn = msg.conn
 	switch {
 	case !t.started:
-		t.started = true
+		t.started, t.historyFrom = true, seq
+		s.extendable = seq > 0
 	case newConn && seq < t.next:
 		// A new connection whose numbering went backwards: the engine's
-		// publisher restarted, and its cache with it. Forget everything.
-		s.metrics.restart()
-		s.log.Warn("engine sequence restarted; resetting the replica", "seq", seq, "expected", t.next)
-		s.proc.Reset(time.Now().UnixMicro())
+		// publisher restarted, and its cache with it. Forget everything and
+		// take the new engine's batches before this one from its replay.
+		s.engineRestarted("its sequence went back on a new connection", seq)
+		t.started = true
+		if seq > 0 {
+			s.recover(ctx, seq)
+		}
 	case seq < t.next:
 		// Late (reordered) or already applied from a replay.
 		return
@@ -262,7 +365,8 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 		}
 	}
 	t.next = seq + 1
-	s.apply(payload)
+	t.lastSum = payloadSum(payload)
+	s.apply(ctx, payload, true)
 }
 
 // recover fills [next, upTo) from the engine's replay endpoint. When it
@@ -276,6 +380,7 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
 		outcome = ReplayUnavailable
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+		s.replaying = true
 		err := Replay(rctx, s.cfg.ReplayEndpoint, from, func(seq uint64, payload []byte) error {
 			switch {
 			case seq < t.next:
@@ -283,10 +388,12 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
 			case seq > t.next:
 				return errReplayHole
 			}
-			s.apply(payload)
 			t.next++
+			t.lastSum = payloadSum(payload)
+			s.apply(ctx, payload, true)
 			return nil
 		})
+		s.replaying = false
 		cancel()
 		switch {
 		case t.next >= upTo:
@@ -312,18 +419,42 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
 	}
 	s.log.Warn("sequence gap not repairable; clearing the replica", "from", t.next, "to", upTo-1, "outcome", outcome)
 	s.proc.Reset(time.Now().UnixMicro())
-	t.next = upTo
+	s.changes++
+	t.next, t.historyFrom = upTo, upTo
+	s.extendable = false // the engine's buffer does not reach back past upTo
 }
 
 var errReplayHole = errors.New("kvevents: replay does not cover the gap")
 
-func (s *Subscriber) apply(payload []byte) {
+// engineRestarted clears the replica after evidence that the engine
+// restarted (its cache is gone): ALL_CLEARED, an empty index, no history.
+func (s *Subscriber) engineRestarted(why string, seq uint64) {
+	s.metrics.restart()
+	s.log.Warn("the engine restarted; clearing the replica", "why", why, "seq", seq, "expected", s.seq.next)
+	s.proc.Reset(time.Now().UnixMicro())
+	s.changes++
+	s.seq = seqTracker{conn: s.seq.conn}
+	s.extendable = false
+}
+
+// apply decodes and applies one batch. For a batch of the sequenced stream
+// (tracked) whose BlockStored names a parent the index does not know, it
+// first tries to extend the index's history (recoverHistory); the event is
+// dropped and counted only if that does not resolve it.
+func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) {
 	if err := s.dec.Decode(payload, &s.batch); err != nil {
 		s.dropBatch(err)
 		return
 	}
 	s.metrics.batchDecoded()
-	s.proc.Apply(&s.batch)
+	s.changes++
+	i := s.proc.applyFrom(&s.batch, 0, tracked && s.canRecover())
+	if i < len(s.batch.Events) {
+		if s.recoverHistory(ctx) {
+			return // the rebuilt index includes this batch
+		}
+		s.proc.applyFrom(&s.batch, i, false)
+	}
 }
 
 func (s *Subscriber) dropBatch(err error) {
@@ -358,6 +489,11 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 			continue
 		}
 		conn++
+		s.connNow.Store(conn)
+		select {
+		case out <- message{conn: conn, connected: true}:
+		case <-ctx.Done():
+		}
 		for {
 			msg, err := sock.Recv()
 			if err != nil {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 
+	"google.golang.org/grpc"
+
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/policy"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -25,6 +27,10 @@ import (
 //
 // The stream reuses one message and one engine.Update (with its prefix
 // slice) for all its updates: the index copies what it keeps.
+//
+// A timestamp_us beyond now + MaxClockSkew is clamped to it (counted), so a
+// bad producer clock cannot make entries outlive the TTL. The response
+// header carries the server's instance id (InstanceIDHeader).
 func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServer) error {
 	var (
 		msg pb.CacheStateUpdate
@@ -34,6 +40,11 @@ func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServ
 		firstBad oversizedID
 		refused  int
 	)
+	if s.instanceMD != nil {
+		// Sent with the Ack (or the error status); a failure means the
+		// stream is already gone, which RecvMsg reports below.
+		_ = stream.SetHeader(s.instanceMD)
+	}
 	for {
 		if err := stream.RecvMsg(&msg); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -54,13 +65,25 @@ func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServ
 			s.droppedUpdate(&msg)
 			continue
 		}
+		now := s.now().UnixMicro()
 		u := cv.convert(&msg)
-		res := s.index.Ingest(u, s.now().UnixMicro())
+		u.TimestampUs = s.clampTimestamp(u.TimestampUs, now, "ReportCacheState")
+		res := s.index.Ingest(u, now)
 		if res.Dropped > 0 || u.ReplicaID == "" || (u.HashScheme == "" && len(u.Prefixes) > 0) {
 			t := updateDrops(u, res)
 			s.dropped(&t, u.TenantID, u.ModelID, u.ReplicaID)
 		}
 	}
+}
+
+// clampTimestamp returns ts, or now + the allowed skew when ts lies beyond
+// it (counted for rpc). 0 ("now") and past timestamps pass unchanged.
+func (s *Service) clampTimestamp(ts, now int64, rpc string) int64 {
+	if limit := now + s.skewUS; ts > limit {
+		s.producer.TimestampClamped(rpc)
+		return limit
+	}
+	return ts
 }
 
 // updateConverter turns CacheStateUpdates into engine.Updates, reusing its
@@ -123,8 +146,13 @@ func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
 // and not applied; PREFIX_ADDED is a no-op. Events the index cannot apply
 // (an unknown type, a missing replica id, a bad hash) are acknowledged and
 // counted as dropped. An event with an id over MaxIDBytes is refused with
-// InvalidArgument.
-func (s *Service) PublishEvent(_ context.Context, ev *pb.CacheEvent) (*pb.Ack, error) {
+// InvalidArgument. Timestamps are clamped as in ReportCacheState; the
+// response header carries the instance id.
+func (s *Service) PublishEvent(ctx context.Context, ev *pb.CacheEvent) (*pb.Ack, error) {
+	if s.instanceMD != nil {
+		// Fails only outside a gRPC call (a direct call in a test).
+		_ = grpc.SetHeader(ctx, s.instanceMD)
+	}
 	if o := eventOversizedID(ev); o.found() {
 		s.droppedEvent(ev, dropOversizedID)
 		return nil, o.err("event with an oversized id", 1)
@@ -137,15 +165,16 @@ func (s *Service) PublishEvent(_ context.Context, ev *pb.CacheEvent) (*pb.Ack, e
 		s.droppedEvent(ev, r)
 		return &pb.Ack{Accepted: true}, nil
 	}
+	now := s.now().UnixMicro()
 	s.index.ApplyEvent(&engine.Event{
 		Type:        engine.EventType(ev.GetType()),
 		ReplicaID:   ev.GetReplicaId(),
 		ModelID:     ev.GetModelId(),
 		TenantID:    ev.GetTenantId(),
 		PrefixHash:  ev.GetPrefixHash(),
-		TimestampUs: ev.GetTimestampUs(),
+		TimestampUs: s.clampTimestamp(ev.GetTimestampUs(), now, "PublishEvent"),
 		AdapterID:   ev.GetAdapterId(),
-	}, s.now().UnixMicro())
+	}, now)
 	return &pb.Ack{Accepted: true}, nil
 }
 

@@ -25,6 +25,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/metadata"
+
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -126,7 +128,39 @@ type Config struct {
 	// Now is the clock; nil means time.Now. Tests use it to make the lookup
 	// budget expire deterministically.
 	Now func() time.Time
+
+	// InstanceID identifies this server process; producers read it from
+	// the InstanceIDHeader response header of ReportCacheState and
+	// PublishEvent and re-report their state when it changes (the server
+	// restarted and lost it). Empty sends no header.
+	InstanceID string
+	// MaxClockSkew is how far in the future a producer's timestamp_us may
+	// lie; later ones are clamped to now + MaxClockSkew, so no entry can
+	// outlive the TTL by a bad clock. 0 means DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
+	// Producer records producer-side anomalies (clamped timestamps); nil
+	// records nothing.
+	Producer ProducerObserver
 }
+
+// ProducerObserver records what the producer handlers correct in their
+// input (servermetrics.Metrics implements it). It is called concurrently and
+// must not block.
+type ProducerObserver interface {
+	// TimestampClamped counts one message of rpc ("ReportCacheState" or
+	// "PublishEvent") whose timestamp_us lay beyond now + MaxClockSkew.
+	TimestampClamped(rpc string)
+}
+
+// InstanceIDHeader is the gRPC response header (metadata key) carrying the
+// server's instance id on ReportCacheState and PublishEvent. The id is
+// random per server start: a producer that sees it change knows the server
+// restarted with an empty index and re-reports what it holds.
+const InstanceIDHeader = "inferencecache-server-instance-id"
+
+// DefaultMaxClockSkew bounds how far in the future a producer timestamp may
+// lie before it is clamped (Config.MaxClockSkew).
+const DefaultMaxClockSkew = 5 * time.Second
 
 // ErrInvalidConfig is wrapped by NewService's errors.
 var ErrInvalidConfig = errors.New("rpc: invalid config")
@@ -146,6 +180,12 @@ type Service struct {
 	tokTO     time.Duration
 	log       *slog.Logger
 	now       func() time.Time
+	producer  ProducerObserver
+	// skewUS is MaxClockSkew in µs; instanceMD is the response header
+	// carrying the instance id, nil without one. Both are immutable; the
+	// header map is only read (grpc copies it into each stream's header).
+	skewUS     int64
+	instanceMD metadata.MD
 
 	// scratch pools *lookupScratch; each LookupRoute call owns one scratch
 	// from Get to Put.
@@ -183,6 +223,8 @@ func NewService(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("%w: nil Policies", ErrInvalidConfig)
 	case cfg.BlockSize < 0:
 		return nil, fmt.Errorf("%w: negative block size %d", ErrInvalidConfig, cfg.BlockSize)
+	case cfg.MaxClockSkew < 0:
+		return nil, fmt.Errorf("%w: negative max clock skew %v", ErrInvalidConfig, cfg.MaxClockSkew)
 	}
 	s := &Service{
 		index:       cfg.Index,
@@ -194,7 +236,18 @@ func NewService(cfg Config) (*Service, error) {
 		tokTO:       cfg.TokenizeTimeout,
 		log:         cfg.Logger,
 		now:         cfg.Now,
+		producer:    cfg.Producer,
+		skewUS:      cfg.MaxClockSkew.Microseconds(),
 		tokenizeSem: make(chan struct{}, MaxConcurrentTokenize),
+	}
+	if s.skewUS <= 0 {
+		s.skewUS = DefaultMaxClockSkew.Microseconds()
+	}
+	if s.producer == nil {
+		s.producer = nopProducer{}
+	}
+	if cfg.InstanceID != "" {
+		s.instanceMD = metadata.Pairs(InstanceIDHeader, cfg.InstanceID)
 	}
 	if s.observer == nil {
 		s.observer = nopObserver{}
@@ -219,6 +272,10 @@ func NewService(cfg Config) (*Service, error) {
 }
 
 type nopObserver struct{}
+
+type nopProducer struct{}
+
+func (nopProducer) TimestampClamped(string) {}
 
 func (nopObserver) ObserveLookup(string, string, bool, time.Duration) {}
 

@@ -23,7 +23,9 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,6 +44,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/controlserver"
 	"github.com/inferencecache/inferencecache/controlserver/auth"
 	"github.com/inferencecache/inferencecache/engine"
@@ -132,6 +135,9 @@ type Config struct {
 	// listener's handler inside the panic recovery; listener is "http" or
 	// "control".
 	wrapHTTP func(listener string, h http.Handler) http.Handler
+	// MaxClockSkew bounds how far in the future producer timestamps may lie
+	// (rpc.Config.MaxClockSkew); 0 means rpc.DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
 }
 
 // DefaultConfig returns the production defaults (auth enabled, so
@@ -168,6 +174,10 @@ var (
 type Server struct {
 	cfg Config
 	log *slog.Logger
+	// instanceID is random per New: producers read it from the gRPC
+	// response headers of ReportCacheState and PublishEvent, the
+	// controller from /snapshot, and both take a change for a restart.
+	instanceID string
 
 	engine   *engine.Engine
 	policies *policy.Store
@@ -209,7 +219,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 
-	s := &Server{cfg: cfg, log: log, readyCh: make(chan struct{}), tls: creds != nil}
+	id, err := newInstanceID()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: log, instanceID: id, readyCh: make(chan struct{}), tls: creds != nil}
 	s.metrics, err = servermetrics.NewWithOptions(servermetrics.Options{Models: cfg.MetricsModels, ModelGrace: cfg.MetricsModelGrace})
 	if err != nil {
 		return nil, fmt.Errorf("%w: --metrics-models or --metrics-model-grace: %w", ErrInvalidConfig, err)
@@ -237,6 +251,10 @@ func New(cfg Config) (*Server, error) {
 		Drops:     s.metrics,
 		BlockSize: cfg.EngineBlockSize,
 		Logger:    log,
+
+		InstanceID:   id,
+		MaxClockSkew: cfg.MaxClockSkew,
+		Producer:     s.metrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the gRPC service: %w", err)
@@ -311,6 +329,8 @@ func validate(cfg *Config) error {
 		return fmt.Errorf("%w: negative max receive message size %d", ErrInvalidConfig, cfg.MaxRecvMsgBytes)
 	case cfg.MetricsModelGrace < 0:
 		return fmt.Errorf("%w: negative --metrics-model-grace %v", ErrInvalidConfig, cfg.MetricsModelGrace)
+	case cfg.MaxClockSkew < 0:
+		return fmt.Errorf("%w: negative max clock skew %v", ErrInvalidConfig, cfg.MaxClockSkew)
 	}
 	if cfg.KeepaliveTime <= 0 {
 		cfg.KeepaliveTime = DefaultKeepaliveTime
@@ -347,7 +367,8 @@ func loadTLS(certFile, keyFile string) (credentials.TransportCredentials, error)
 
 // controlHandler builds the internal listener's handler with its auth.
 func (s *Server) controlHandler() (http.Handler, error) {
-	cfg := controlserver.Config{Policies: s.policies, Snapshots: s.engine, Prober: s.prober, Logger: s.log}
+	snaps := instanceSnapshots{src: s.engine, id: s.instanceID}
+	cfg := controlserver.Config{Policies: s.policies, Snapshots: snaps, Prober: s.prober, Logger: s.log}
 	if s.cfg.InsecureDisableAuth {
 		s.log.Error("CONTROL ENDPOINT AUTH IS DISABLED (--insecure-disable-auth): anyone who can reach the internal listener can rewrite every namespace's cache policy; never run this in a shared cluster",
 			"addr", s.cfg.InternalAddr)
@@ -452,6 +473,9 @@ func (s *Server) InternalAddr() net.Addr { return s.intLis.Addr() }
 // TLS reports whether gRPC serves TLS.
 func (s *Server) TLS() bool { return s.tls }
 
+// InstanceID returns the server's random per-start instance id.
+func (s *Server) InstanceID() string { return s.instanceID }
+
 // Engine returns the index (for in-process seeding by tests and the demo).
 func (s *Server) Engine() *engine.Engine { return s.engine }
 
@@ -499,7 +523,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.metrics.SetUp(true)
 	s.ready.Store(true)
 	close(s.readyCh)
-	s.log.Info("inferencecache server serving", "grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(),
+	s.log.Info("inferencecache server serving", "instance", s.instanceID, "grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(),
 		"internal", s.InternalAddr().String(), "tls", s.tls, "max_index_entries", s.cfg.MaxIndexEntries,
 		"max_index_bytes", s.cfg.MaxIndexBytes, "engine_block_size", s.cfg.EngineBlockSize)
 
@@ -590,4 +614,25 @@ func (s *Server) Close() error {
 		return nil
 	}
 	return errors.Join(s.grpcLis.Close(), s.httpLis.Close(), s.intLis.Close())
+}
+
+// newInstanceID returns 16 random hex digits.
+func newInstanceID() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("cannot draw the server instance id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// instanceSnapshots adds the server's instance id to the index's /snapshot.
+type instanceSnapshots struct {
+	src controlserver.SnapshotSource
+	id  string
+}
+
+func (s instanceSnapshots) Snapshot() controlapi.CacheSnapshot {
+	snap := s.src.Snapshot()
+	snap.ServerInstanceID = s.id
+	return snap
 }

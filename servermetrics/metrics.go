@@ -86,6 +86,10 @@ const MaxModelLabelBytes = 1024
 // (ALL_CLEARED, then re-reports) so dashboards do not see a reset.
 const DefaultModelGrace = 10 * time.Minute
 
+// NameTimestampsClamped is beyond the spec (docs/metrics.md): producer
+// messages whose timestamp_us lay too far in the future, by rpc.
+const NameTimestampsClamped = "inferencecache_producer_timestamps_clamped_total"
+
 // LatencyBuckets are the LookupRoute latency histogram's upper bounds in
 // seconds: 100µs, 250µs, 500µs, 1ms, 2.5ms, 5ms, 10ms, 25ms, 50ms, 100ms.
 var LatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1}
@@ -108,6 +112,10 @@ type Metrics struct {
 	// panicsByListener holds panics' fixed children; built by
 	// NewWithOptions, read-only afterwards.
 	panicsByListener map[string]prometheus.Counter
+	// clamped is producer_timestamps_clamped_total{rpc}; its two series
+	// are resolved once in New (clampedReport, clampedEvent).
+	clamped                     *prometheus.CounterVec
+	clampedReport, clampedEvent prometheus.Counter
 
 	// other is the shared series of every model without its own; set by
 	// NewWithOptions and never changed.
@@ -251,6 +259,12 @@ func NewWithOptions(o Options) (*Metrics, error) {
 		ms.configured = true
 		m.models.Store(model, ms)
 	}
+	m.clamped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "producer_timestamps_clamped_total",
+		Help: "Producer messages (ReportCacheState updates, PublishEvent events) whose timestamp_us lay beyond now plus the allowed clock skew and was clamped to it, by rpc.",
+	}, []string{"rpc"})
+	m.clampedReport = m.clamped.WithLabelValues("ReportCacheState")
+	m.clampedEvent = m.clamped.WithLabelValues("PublishEvent")
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -258,6 +272,7 @@ func NewWithOptions(o Options) (*Metrics, error) {
 		m.tenantEvictions, m.indexEvictions, m.snapshotAuth, m.policyAuth, m.probeAuth,
 		m.drops.vec, m.panics,
 	)
+	m.reg.MustRegister(m.clamped)
 	return m, nil
 }
 
@@ -439,6 +454,19 @@ func (m *Metrics) RetireDrainedModels() int {
 		return true
 	})
 	return n
+}
+
+// TimestampClamped implements rpc.ProducerObserver: one increment of
+// producer_timestamps_clamped_total{rpc}.
+func (m *Metrics) TimestampClamped(rpc string) {
+	switch rpc {
+	case "ReportCacheState":
+		m.clampedReport.Inc()
+	case "PublishEvent":
+		m.clampedEvent.Inc()
+	default:
+		m.clamped.WithLabelValues(rpc).Inc()
+	}
 }
 
 // AuthRecorder counts one control endpoint's auth outcomes. It satisfies

@@ -95,6 +95,8 @@ func TestMetrics(t *testing.T) {
 	m.PolicyAuth().Record(auth.ResultUnauth)
 	m.PolicyAuth().Record(auth.ResultUnauth)
 	m.ProbeAuth().Record(auth.ResultForbidden)
+	m.TimestampClamped("ReportCacheState")
+	m.TimestampClamped("ReportCacheState")
 
 	fams = gather(t, m)
 	for _, c := range []struct {
@@ -116,6 +118,8 @@ func TestMetrics(t *testing.T) {
 		{servermetrics.NameSnapshotAuth, "result=ok", 1},
 		{servermetrics.NamePolicyAuth, "result=unauth", 2},
 		{servermetrics.NameProbeAuth, "result=forbidden", 1},
+		{servermetrics.NameTimestampsClamped, "rpc=ReportCacheState", 2},
+		{servermetrics.NameTimestampsClamped, "rpc=PublishEvent", 0},
 	} {
 		if got, ok := value(fams, c.name, c.labels); !ok || got != c.want {
 			t.Errorf("%s{%s} = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)

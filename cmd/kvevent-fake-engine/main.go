@@ -29,19 +29,21 @@ func main() {
 
 func run(args []string) error {
 	var (
-		pcfg                         fakeengine.Config
-		layout, workload, trace, ids string
-		mapBatch, hashBytes          bool
-		syn                          fakeengine.SyntheticConfig
-		moon                         fakeengine.MooncakeConfig
-		limit                        int
-		duration, waitSub            time.Duration
+		pcfg                                 fakeengine.Config
+		layout, workload, trace, ids, flavor string
+		mapBatch, hashBytes, linger          bool
+		syn                                  fakeengine.SyntheticConfig
+		moon                                 fakeengine.MooncakeConfig
+		limit                                int
+		duration, waitSub                    time.Duration
 	)
 	fs := flag.NewFlagSet("kvevent-fake-engine", flag.ContinueOnError)
 	fs.StringVar(&pcfg.Endpoint, "endpoint", "tcp://127.0.0.1:5557", "PUB bind endpoint")
 	fs.StringVar(&pcfg.ReplayEndpoint, "replay-endpoint", "tcp://127.0.0.1:5558", "replay ROUTER bind endpoint (empty: no replay)")
 	fs.StringVar(&pcfg.Topic, "topic", "kv-events", "topic frame")
-	fs.IntVar(&pcfg.RingSize, "ring-size", fakeengine.DefaultRingSize, "batches kept for replay")
+	fs.IntVar(&pcfg.RingSize, "ring-size", fakeengine.DefaultRingSize, "batches kept for replay (the engine's buffer_steps)")
+	fs.StringVar(&flavor, "engine", "vllm", "wire shapes of: vllm or sglang (array-like [ts, events, attn_dp_rank], BlockStored without medium and lora_name)")
+	fs.BoolVar(&linger, "linger", false, "after the workload ends, keep the sockets open and serve replay requests until stopped (an idle engine)")
 	fs.StringVar(&layout, "layout", "array", "event layout: array (tag-first tuples) or map")
 	fs.BoolVar(&mapBatch, "map-batch", false, "send the batch envelope as a map instead of [ts, events, dp_rank]")
 	fs.BoolVar(&hashBytes, "hash-bytes", false, "send block hashes as 32-byte digests instead of uint64")
@@ -75,6 +77,16 @@ func run(args []string) error {
 		return err
 	}
 	pcfg.Encoding.MapBatch, pcfg.Encoding.HashBytes = mapBatch, hashBytes
+	switch flavor {
+	case "vllm":
+	case "sglang":
+		if pcfg.Encoding.Layout != fakeengine.LayoutArray || mapBatch {
+			return errors.New("--engine sglang publishes array-like events: it takes neither --layout map nor --map-batch")
+		}
+		pcfg.Encoding.SGLang = true
+	default:
+		return fmt.Errorf("unknown --engine %q (want vllm or sglang)", flavor)
+	}
 	syn.Seed = pcfg.Seed
 	syn.CapacityBlocks, moon.CapacityBlocks = *capacity, *capacity
 	// Batches are stamped from now, as an engine stamps its events: the
@@ -136,6 +148,10 @@ func run(args []string) error {
 	log.Info("done", "batches", n, "sent", published, "withheld", dropped, "elapsed", time.Since(start).Round(time.Millisecond))
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		return err
+	}
+	if linger && ctx.Err() == nil {
+		log.Info("workload done; idle, serving replay until stopped", "replay", pub.ReplayEndpoint())
+		<-ctx.Done()
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRunPublishesSyntheticTurns(t *testing.T) {
@@ -10,6 +11,20 @@ func TestRunPublishesSyntheticTurns(t *testing.T) {
 		"--turns", "20", "--interval", "1ms", "--wait-subscriber", "0", "--duration", "10s", "--lora-ids", "1,2"})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRunLingers: with --linger the engine stays up after its workload,
+// until --duration ends it.
+func TestRunLingers(t *testing.T) {
+	start := time.Now()
+	err := run([]string{"--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0", "--engine", "sglang",
+		"--turns", "5", "--interval", "1ms", "--wait-subscriber", "0", "--duration", "700ms", "--linger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 600*time.Millisecond {
+		t.Fatalf("returned after %v, before --duration", d)
 	}
 }
 
@@ -21,6 +36,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"--layout", "tuple"}, "unknown layout"},
 		{[]string{"--workload", "other", "--endpoint", "tcp://127.0.0.1:0"}, "unknown --workload"},
 		{[]string{"--lora-ids", "x"}, "--lora-ids"},
+		{[]string{"--engine", "trt"}, "unknown --engine"},
+		{[]string{"--engine", "sglang", "--layout", "map"}, "array-like"},
 		{[]string{"--workload", "mooncake", "--trace", "/nonexistent.jsonl"}, "cannot open trace"},
 	} {
 		err := run(tc.args)

@@ -43,6 +43,7 @@ func run(args []string) error {
 		metricsAdr string
 		logLevel   string
 		refresh    time.Duration
+		heartbeat  time.Duration
 	)
 	fs := flag.NewFlagSet("kvevent-subscriber", flag.ContinueOnError)
 	fs.StringVar(&cfg.ReplicaID, "replica-id", "", "replica id reported to the server (the pod name)")
@@ -67,6 +68,10 @@ func run(args []string) error {
 	fs.StringVar(&tlsFiles.ServerName, "tls-server-name", "", "server name to verify (default: from the address)")
 	fs.DurationVar(&refresh, "refresh-interval", kvevents.DefaultRefreshInterval,
 		"re-report every block the engine still holds this often, so prefix-cache hits (which publish no event) do not age out of the server's index; 0 disables")
+	fs.StringVar(&cfg.StateFile, "state-file", "", "keep the positional index and the engine sequence in this file (written atomically every --state-interval and on SIGTERM; put it on an emptyDir so a restarted sidecar continues where it stopped); empty: none")
+	fs.DurationVar(&cfg.StateInterval, "state-interval", kvevents.DefaultStateInterval, "how often a changed positional index is written to --state-file")
+	fs.DurationVar(&heartbeat, "server-heartbeat-interval", kvevents.DefaultHeartbeat,
+		"send a REPLICA_UPDATED heartbeat after this long without a call to the server, so an idle replica notices a server restart; 0 disables")
 	fs.StringVar(&metricsAdr, "metrics-bind-address", ":9091", "address of the subscriber's own /metrics (empty: off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -94,6 +99,17 @@ func run(args []string) error {
 		cfg.RefreshInterval = -1 // disabled
 	default:
 		cfg.RefreshInterval = refresh
+	}
+	switch {
+	case heartbeat < 0:
+		return errors.New("--server-heartbeat-interval must not be negative (0 disables the heartbeat)")
+	case heartbeat == 0:
+		cfg.Heartbeat = -1 // disabled
+	default:
+		cfg.Heartbeat = heartbeat
+	}
+	if cfg.StateInterval <= 0 {
+		return errors.New("--state-interval must be positive")
 	}
 	var err error
 	if cfg.LoRAAdapters, err = kvevents.ParseLoRAAdapters(loras); err != nil {
@@ -137,7 +153,7 @@ func run(args []string) error {
 	}
 	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID,
 		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", serverAddr, "l2", cfg.L2,
-		"refresh_interval", refresh)
+		"refresh_interval", refresh, "state_file", cfg.StateFile, "heartbeat", heartbeat)
 	runErr := sub.Run(ctx) // returns after ctx is done and a bounded flush
 	if metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -18,6 +18,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"--no-such-flag"}, "not defined"},
 		{[]string{"--replica-id", "r", "--model-id", "m", "--refresh-interval", "-1s"}, "--refresh-interval"},
 		{[]string{"--replica-id", "r", "--model-id", "m", "--refresh-interval", "often"}, "refresh-interval"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--server-heartbeat-interval", "-1s"}, "--server-heartbeat-interval"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--state-interval", "0s"}, "--state-interval"},
 	} {
 		err := run(tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/inferencecache/inferencecache/rpc"
 	"github.com/inferencecache/inferencecache/server"
 )
 
@@ -64,6 +65,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on the graceful drain after SIGTERM")
 	fs.StringVar(&metricsModels, "metrics-models", "", "comma-separated models that always get their own lookup metric series; other models get them only while the index holds keys for them (the rest share model=\"__other__\")")
 	fs.DurationVar(&cfg.MetricsModelGrace, "metrics-model-grace", cfg.MetricsModelGrace, "how long a model drained to 0 index keys keeps its own metric series")
+	fs.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", rpc.DefaultMaxClockSkew, "producer timestamps later than now plus this are clamped to it (counted in inferencecache_producer_timestamps_clamped_total)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

@@ -69,13 +69,22 @@ type Encoding struct {
 	// MapBatch sends the envelope as a map {ts, events, data_parallel_rank}
 	// instead of the array [ts, events, dp_rank].
 	MapBatch bool
+	// SGLang sends SGLang's shapes: the array envelope
+	// [ts, events, attn_dp_rank], BlockStored as the 6-field tuple
+	// [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id]
+	// and BlockRemoved as [tag, block_hashes] (no medium, no lora_name). It
+	// requires the array layout and no MapBatch.
+	SGLang bool
 }
 
 // Encode returns the msgpack payload of b.
 func (e Encoding) Encode(b Batch) ([]byte, error) {
+	if e.SGLang && (e.MapBatch || e.Layout == LayoutMap) {
+		return nil, fmt.Errorf("fakeengine: SGLang events are array-like only (no map layout or map batch)")
+	}
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
-	w := &writer{enc: enc, hashBytes: e.HashBytes}
+	w := &writer{enc: enc, hashBytes: e.HashBytes, sglang: e.SGLang}
 	if e.MapBatch {
 		w.mapLen(3)
 		w.str("ts")
@@ -107,6 +116,7 @@ func (e Encoding) Encode(b Batch) ([]byte, error) {
 type writer struct {
 	enc       *msgpack.Encoder
 	hashBytes bool
+	sglang    bool
 	err       error
 }
 
@@ -173,6 +183,22 @@ func (w *writer) loraID(id *int64) {
 }
 
 func (w *writer) arrayEvent(ev *Event) {
+	switch {
+	case w.sglang && ev.Kind == BlockStored:
+		w.arrLen(6)
+		w.str(ev.Kind)
+		w.hashes(ev.BlockHashes)
+		w.parent(ev.Parent)
+		w.tokens(ev.TokenIDs)
+		w.int(int64(ev.BlockSize))
+		w.loraID(ev.LoRAID)
+		return
+	case w.sglang && ev.Kind == BlockRemoved:
+		w.arrLen(2)
+		w.str(ev.Kind)
+		w.hashes(ev.BlockHashes)
+		return
+	}
 	switch ev.Kind {
 	case BlockStored:
 		w.arrLen(8)

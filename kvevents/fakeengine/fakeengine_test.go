@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
 	"github.com/inferencecache/inferencecache/kvevents"
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
@@ -66,6 +68,39 @@ func TestEncodingRoundTrip(t *testing.T) {
 	}
 	if _, err := fakeengine.ParseLayout("tuple"); err == nil {
 		t.Fatal("bad layout accepted")
+	}
+}
+
+// TestEncodingSGLang: SGLang's shapes ([ts, events, attn_dp_rank], 6-field
+// BlockStored, 2-field BlockRemoved) decode to the same events minus the
+// fields SGLang does not send (medium, lora_name).
+func TestEncodingSGLang(t *testing.T) {
+	in := sampleBatch()
+	payload, err := fakeengine.Encoding{Layout: fakeengine.LayoutArray, SGLang: true}.Encode(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out kvevents.Batch
+	if err := kvevents.NewDecoder().Decode(payload, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.TS != in.TS || !out.HasDPRank || out.DPRank != 1 || len(out.Events) != len(in.Events) {
+		t.Fatalf("batch %+v", out)
+	}
+	for i, want := range in.Events {
+		got := out.Events[i]
+		if got.Kind.String() != want.Kind || !slices.Equal(got.BlockHashes, want.BlockHashes) || !slices.Equal(got.TokenIDs, want.TokenIDs) ||
+			len(got.Medium) != 0 || len(got.LoRAName) != 0 {
+			t.Fatalf("event %d = %+v, want %+v without medium and lora_name", i, got, want)
+		}
+		if want.Kind == fakeengine.BlockStored && (got.HasLoRAID != (want.LoRAID != nil) || got.BlockSize != want.BlockSize) {
+			t.Fatalf("event %d = %+v, want %+v", i, got, want)
+		}
+	}
+	for _, bad := range []fakeengine.Encoding{{Layout: fakeengine.LayoutMap, SGLang: true}, {Layout: fakeengine.LayoutArray, MapBatch: true, SGLang: true}} {
+		if _, err := bad.Encode(in); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
 	}
 }
 
@@ -185,6 +220,24 @@ func TestPublisherReplayRing(t *testing.T) {
 	})
 	if err != nil || !slices.Equal(seqs, []uint64{2, 3, 4, 5}) {
 		t.Fatalf("replay from 0: %v %v", seqs, err)
+	}
+
+	// A request without the empty delimiter frame is ignored, as vLLM's
+	// ROUTER ignores anything but [identity, "", start_seq].
+	dealer := zmq4.NewDealer(ctx)
+	defer dealer.Close()
+	if err := dealer.Dial(p.ReplayEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.Send(zmq4.NewMsg(make([]byte, 8))); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() { _, err := dealer.Recv(); got <- err }()
+	select {
+	case err := <-got:
+		t.Fatalf("a malformed request was answered (recv err %v)", err)
+	case <-time.After(300 * time.Millisecond):
 	}
 
 	// An endpoint nobody serves fails within the deadline.

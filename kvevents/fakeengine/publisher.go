@@ -35,7 +35,8 @@ type Config struct {
 	Topic string
 	// Encoding of the payloads.
 	Encoding Encoding
-	// RingSize bounds the replay ring; 0 means DefaultRingSize.
+	// RingSize bounds the replay ring (the engine's buffer_steps): the
+	// oldest batches fall out once it is full. 0 means DefaultRingSize.
 	RingSize int
 
 	// DropEvery > 0 withholds every DropEvery-th message from the PUB
@@ -78,6 +79,8 @@ type Publisher struct {
 	rng       *rand.Rand
 	published uint64 // messages sent on PUB
 	dropped   uint64 // messages withheld from PUB
+	// replayPaused makes serveReplay ignore requests (PauseReplay).
+	replayPaused bool
 }
 
 // quietLogger silences zmq4's own logging of connection churn.
@@ -180,6 +183,14 @@ func (p *Publisher) ForgetRing() {
 	p.ring = nil
 }
 
+// PauseReplay makes the replay ROUTER ignore requests (paused true) as an
+// overloaded or stuck engine would: clients time out. false resumes.
+func (p *Publisher) PauseReplay(paused bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.replayPaused = paused
+}
+
 // Counts returns the messages published on PUB and withheld from it.
 func (p *Publisher) Counts() (published, dropped uint64) {
 	p.mu.Lock()
@@ -247,10 +258,13 @@ func (p *Publisher) sendLocked(msg zmq4.Msg) error {
 	return nil
 }
 
-// serveReplay answers replay requests: [identity, "", start_seq] (a REQ
-// or DEALER client adds the empty delimiter; it is optional here). The
-// reply is one [identity, "", seq, payload] message per ringed batch from
-// start_seq on, then [identity, "", -1, ""].
+// serveReplay answers replay requests as vLLM's and SGLang's
+// ZmqEventPublisher do: a request must be exactly [identity, "", start_seq
+// (8 bytes BE)] (what a REQ or DEALER client sends, the ROUTER prepending
+// the identity); anything else is ignored. The reply is one
+// [identity, "", seq, payload] message per ringed batch with seq >=
+// start_seq, oldest first (so a start older than the ring gets the whole
+// ring), then the end marker [identity, "", -1, ""].
 func (p *Publisher) serveReplay(ctx context.Context) {
 	for ctx.Err() == nil {
 		msg, err := p.router.Recv()
@@ -260,18 +274,17 @@ func (p *Publisher) serveReplay(ctx context.Context) {
 			}
 			continue
 		}
-		if len(msg.Frames) < 2 {
+		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 0 || len(msg.Frames[2]) != 8 {
 			continue
 		}
 		id := msg.Frames[0]
-		req := msg.Frames[len(msg.Frames)-1]
-		if len(req) != 8 {
+		start := binary.BigEndian.Uint64(msg.Frames[2])
+		p.mu.Lock()
+		ring, paused := slices.Clone(p.ring), p.replayPaused
+		p.mu.Unlock()
+		if paused {
 			continue
 		}
-		start := binary.BigEndian.Uint64(req)
-		p.mu.Lock()
-		ring := slices.Clone(p.ring)
-		p.mu.Unlock()
 		for _, e := range ring {
 			if e.seq < start {
 				continue
