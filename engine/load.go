@@ -398,16 +398,17 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 			best, bestCost = i, c
 		}
 	}
-	// A holder is an option only if it beats computing the prompt cold.
+	// The best holder is the alternative when it is no worse than
+	// computing the prompt cold on the least-loaded replica.
 	exploreCost := lv.qref + alpha*t
 	altCost, altQueue := exploreCost, lv.qref
-	if best >= 0 && bestCost < exploreCost {
+	if best >= 0 && bestCost <= exploreCost {
 		altCost, altQueue = bestCost, lv.entry(res.Scores[best].rid).queue
 	}
 	if !cp.overloaded && !(altCost < pickCost && altQueue < cp.queue) {
 		return LoadKeep
 	}
-	if best < 0 || bestCost >= exploreCost {
+	if best < 0 || bestCost > exploreCost {
 		return LoadExplore
 	}
 	e.rerankByLoad(res, t, exploreCost)
@@ -417,9 +418,12 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 // rerankByLoad rescores res.Scores by their advantage over the explore
 // option: how many prefill-token equivalents sending the request there
 // saves compared with computing it cold on the least-loaded replica
-// (exploreCost − cost), clamped at 0; overloaded replicas score 0. Ties
-// keep the contract's replica-id order, so scores stay monotone in the
-// returned order.
+// (exploreCost − cost), clamped at 0; overloaded replicas score 0. Unlike
+// the decision, the advantage counts every expected cached token, MinMatch
+// or not: a short match does not justify a longer queue, but among
+// replicas about as loaded it still saves prefill. Ties keep the
+// contract's replica-id order, so scores stay monotone in the returned
+// order.
 func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
 	lv := &res.lv
 	rt := res.d.table()
@@ -428,7 +432,8 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
 		s := &res.Scores[i]
 		adv := 0.0
 		if en := lv.entry(s.rid); en != nil && !en.overloaded {
-			adv = exploreCost - e.load.cost(en.queue, tokens, s.MatchedTokens, s.Prob)
+			cached := float64(s.MatchedTokens) * float64(s.Prob)
+			adv = exploreCost - (en.queue + e.load.PrefillWeight*max(tokens-cached, 0))
 		}
 		s.Score = float32(max(adv, 0))
 		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(rt.rank[s.rid])<<16|uint64(i))

@@ -123,13 +123,24 @@ func TestLoadCostRanking(t *testing.T) {
 		decision: LoadKeep,
 		first:    "a",
 	}, {
-		// b covers 4 of 10 blocks, less than half the prompt: its match
-		// counts as none, so with a busy the request goes where it is
-		// cheapest cold, by the ring among the idle (b, c).
-		name:     "a match under half the prompt is not followed",
-		reps:     []rep{{"a", 8, 4, 1, 20000}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
-		decision: LoadExplore,
-		first:    "",
+		// b covers 4 of 10 blocks, less than half the prompt: in the
+		// decision its match counts as none (b is as good as computing
+		// the prompt cold on c), but among those equals the ranking still
+		// prefers the 64 tokens b saves.
+		name:      "a match under half the prompt ranks among equals",
+		reps:      []rep{{"a", 8, 4, 1, 20000}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
+		decision:  LoadRerank,
+		first:     "b",
+		wantOrder: []string{"b", "a"},
+		wantScore: []float32{16 * 64, 0},
+	}, {
+		// The same with a's queue short: a's 128 matched tokens are worth
+		// more than its queue, and b's short match does not pull the
+		// request away.
+		name:     "a match under half the prompt does not beat a moderately busy long match",
+		reps:     []rep{{"a", 8, 4, 1, 1500}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
+		decision: LoadKeep,
+		first:    "a",
 	}, {
 		name:     "equal loads keep the contract",
 		reps:     []rep{{"a", 8, 4, 1, 900}, {"b", 4, 4, 1, 900}, {"c", 0, 4, 1, 900}},
@@ -169,9 +180,6 @@ func TestLoadCostRanking(t *testing.T) {
 				x.load(r.name, now, r.waiting, r.running, r.queued)
 			}
 			res, d, first := x.advise(req, now)
-			if tc.first == "" && (first == "b" || first == "c") {
-				first = "" // either idle replica, by the ring
-			}
 			if d != tc.decision || first != tc.first {
 				t.Fatalf("decision %v first %q, want %v %q (scores %+v)", d, first, tc.decision, tc.first, res.Scores)
 			}
