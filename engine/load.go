@@ -15,22 +15,25 @@ import (
 // a live load signal per (tenant, model, replica) and, when loads are
 // material, gives a second opinion on the contract's answer:
 //
-//   - Signal: the engine-reported waiting and running requests and queued
-//     prefill tokens (ReplicaStats fields 8-10, from the kvevent
-//     subscriber's metrics scrape), plus what this server routed to the
-//     replica since that report, decayed.
+//   - Signal: the engine-reported waiting and running requests (and queued
+//     prefill tokens, when an engine exports them) from the kvevent
+//     subscriber's metrics scrape (ReplicaStats fields 8-10), plus what
+//     this server routed to the replica since that report, minus the
+//     prompt tokens KV events show it stored since.
 //   - Activation: per (tenant, model), with hysteresis on the reported
 //     in-flight requests (waiting + running): on when some replica reports
 //     at least MinQueue, off when every fresh report is below half of it.
 //     An idle fleet, or one that reports no load at all, gets the
 //     contract's answers exactly.
-//   - Overload (the herding guard, consistent hashing with bounded loads):
+//   - Overload (the herding guard; consistent hashing with bounded loads):
 //     a replica is overloaded when its in-flight requests exceed
-//     max(Bound × mean, MinQueue).
-//   - Cost: a candidate's estimated time to first token, in prefill-token
-//     units: queue + PrefillWeight × uncached prompt tokens. The contract's
-//     pick stands unless it is overloaded or another replica is both less
-//     loaded and cheaper.
+//     max(Bound × mean + 2√mean, MinQueue).
+//   - Cost: an estimate of time to first token in prefill-token units,
+//     queue + PrefillWeight × prompt tokens to compute. The contract's pick
+//     stands unless it is overloaded, or another option is both cheaper
+//     and less loaded; a cached prefix counts in that decision only if it
+//     covers MinMatch of the prompt (Preble's exploit rule). The explore
+//     walk then takes the cheapest replica counting every cached token.
 
 // Load-aware routing defaults (docs/routing.md).
 const (
@@ -242,6 +245,10 @@ type loadEntry struct {
 	// queue is the estimated prefill work ahead (tokens); inflight the
 	// requests in flight, both including what was routed since the report.
 	queue, inflight float64
+	// cached is the request's expected cached tokens there (matched ×
+	// freshness; 0 when the replica holds none of its prefix), set by
+	// AdviseByLoad for the explore walk.
+	cached float64
 }
 
 // loadView is a lookup's picture of a scheme's serving replicas' loads, in
@@ -253,6 +260,17 @@ type loadView struct {
 	// qref is the least queue among known, not overloaded replicas: the
 	// queue of the best replica to send a cold request to.
 	qref float64
+	// tokens is the request's prompt tokens (AdviseByLoad), for the explore
+	// walk's costs.
+	tokens float64
+}
+
+// exploreCost is entry en's cost in the explore walk: queue plus the
+// weighted prompt tokens it would compute, every expected cached token
+// counted (Preble's explore step: the least loaded, counting what little
+// each replica caches).
+func (v *loadView) exploreCost(en *loadEntry, weight float64) float64 {
+	return en.queue + weight*max(v.tokens-en.cached, 0)
 }
 
 func (v *loadView) entry(rid uint16) *loadEntry {
@@ -381,6 +399,12 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 		return LoadKeep
 	}
 	alpha, t := e.load.PrefillWeight, float64(tokens)
+	lv.tokens = t
+	for i := range res.Scores {
+		if en := lv.entry(res.Scores[i].rid); en != nil {
+			en.cached = float64(res.Scores[i].MatchedTokens) * float64(res.Scores[i].Prob)
+		}
+	}
 	// The best holder, and the contract pick's own cost.
 	best, bestCost := -1, 0.0
 	pickCost := cp.queue + alpha*t
@@ -402,13 +426,13 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	// computing the prompt cold on the least-loaded replica.
 	exploreCost := lv.qref + alpha*t
 	altCost, altQueue := exploreCost, lv.qref
-	if best >= 0 && bestCost <= exploreCost {
+	if best >= 0 && bestCost < exploreCost {
 		altCost, altQueue = bestCost, lv.entry(res.Scores[best].rid).queue
 	}
 	if !cp.overloaded && !(altCost < pickCost && altQueue < cp.queue) {
 		return LoadKeep
 	}
-	if best < 0 || bestCost > exploreCost {
+	if best < 0 || bestCost >= exploreCost {
 		return LoadExplore
 	}
 	e.rerankByLoad(res, t, exploreCost)
@@ -455,9 +479,12 @@ const (
 	// AffinityContract is the contract's pick (§3.8).
 	AffinityContract AffinityMode = iota
 	// AffinityExplore walks the ring from the contract's pick to the first
-	// replica that is not overloaded and has the least queue (ties keep
-	// ring order), using the loads AdviseByLoad evaluated into res. With
-	// equal or unknown loads it is the contract's pick.
+	// replica that is not overloaded and has the least explore cost (queue
+	// + PrefillWeight × the prompt tokens it would compute, every expected
+	// cached token counted; Preble's explore step), using the loads
+	// AdviseByLoad evaluated into res. Ties keep ring order, so with equal
+	// loads and nothing cached the pick is the contract's, and an
+	// overloaded replica's keys move to the next replica in ring order.
 	AffinityExplore
 )
 
@@ -485,22 +512,28 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 	sum := sha256.Sum256(seed)
 	start := int(binary.BigEndian.Uint64(sum[:8]) % uint64(n))
 	if mode == AffinityExplore && res != nil && res.lv.active && res.d == d {
-		lv := &res.lv
+		lv, w := &res.lv, e.load.PrefillWeight
+		least := math.Inf(1)
+		for i := range lv.entries {
+			if en := &lv.entries[i]; !en.overloaded {
+				least = min(least, lv.exploreCost(en, w))
+			}
+		}
 		for k := range n {
 			i := (start + k) % n
 			en := lv.entry(ss.byName[i])
-			if en == nil || (!en.overloaded && en.queue <= lv.qref) {
+			if en == nil || (!en.overloaded && lv.exploreCost(en, w) <= least) {
 				return ss.names[i], ContractPick{Has: true, rid: ss.byName[i]}, true
 			}
 		}
-		// The least queue is off the ring: a replica that reports load for
-		// the scheme but holds none of its keys yet. Take the least loaded
-		// of those, ties to the first name.
+		// The least cost is off the ring: a replica that reports load for
+		// the scheme but holds none of its keys yet. Take the first of
+		// those by name.
 		slots := d.replicaSlots()
 		best := -1
 		for i := range lv.entries {
 			en := &lv.entries[i]
-			if en.serving || en.overloaded || en.queue > lv.qref {
+			if en.serving || en.overloaded || lv.exploreCost(en, w) > least {
 				continue
 			}
 			if best < 0 || slots[en.rid].name < slots[lv.entries[best].rid].name {

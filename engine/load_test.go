@@ -124,15 +124,13 @@ func TestLoadCostRanking(t *testing.T) {
 		first:    "a",
 	}, {
 		// b covers 4 of 10 blocks, less than half the prompt: in the
-		// decision its match counts as none (b is as good as computing
-		// the prompt cold on c), but among those equals the ranking still
-		// prefers the 64 tokens b saves.
-		name:      "a match under half the prompt ranks among equals",
-		reps:      []rep{{"a", 8, 4, 1, 20000}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
-		decision:  LoadRerank,
-		first:     "b",
-		wantOrder: []string{"b", "a"},
-		wantScore: []float32{16 * 64, 0},
+		// decision its match counts as none (no better than computing the
+		// prompt cold), so the request explores; the explore walk still
+		// counts the 64 tokens b saves, so b beats the idle c.
+		name:     "a match under half the prompt explores, where it still counts",
+		reps:     []rep{{"a", 8, 4, 1, 20000}, {"b", 4, 0, 1, 0}, {"c", 0, 0, 1, 0}},
+		decision: LoadExplore,
+		first:    "b",
 	}, {
 		// The same with a's queue short: a's 128 matched tokens are worth
 		// more than its queue, and b's short match does not pull the
@@ -248,11 +246,12 @@ func TestLoadEqualOrUnknownLoadsAreExact(t *testing.T) {
 			if !slices.EqualFunc(res.Scores, contract.Scores, func(a, b Score) bool { return a == b }) && res.Strategy == StrategyPrefixMatch {
 				t.Fatalf("%s: scores changed: %+v vs %+v", mode, res.Scores, contract.Scores)
 			}
-			seed := []byte(fmt.Sprint(req.BlockHashes))
-			want, _ := x.e.AffinityHint("team", "m", "vllm", seed)
-			got, _, _ := x.e.AffinityPick(res, "team", "m", "vllm", seed, AffinityExplore)
-			if got != want {
-				t.Fatalf("%s: explore walk picked %q, contract %q", mode, got, want)
+			if res.Strategy != StrategyPrefixMatch {
+				seed := []byte(fmt.Sprint(req.BlockHashes))
+				want, _ := x.e.AffinityHint("team", "m", "vllm", seed)
+				if _, _, got := x.advise(req, tT); got != want {
+					t.Fatalf("%s: affinity answer %q, contract %q", mode, got, want)
+				}
 			}
 		}
 	}
