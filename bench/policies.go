@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/inferencecache/inferencecache/bench/workload"
+	"github.com/inferencecache/inferencecache/engine"
 )
 
 // lessLoaded orders replicas by load: fewer pending prefill tokens, then
@@ -39,11 +40,16 @@ func leastLoaded(v *View) int {
 // least-loaded, longest-prefix, Dynamo's cost function and SGLang's
 // cache-aware policy (with its own approximate tree, then with the
 // event-fed index), each with its documented defaults.
-func DefaultPolicies() []Policy {
+func DefaultPolicies() []Policy { return DefaultPoliciesWith(engine.DefaultLoadConfig()) }
+
+// DefaultPoliciesWith is DefaultPolicies with this project's rows using
+// load-aware routing knobs load (cmd/bench -load-*): the comparisons that
+// show what each knob trades.
+func DefaultPoliciesWith(load engine.LoadConfig) []Policy {
 	return []Policy{
-		EnginePolicy(),
+		EnginePolicyWith(EnginePolicyName, EngineOptions{Refresh: DefaultRefresh, Load: &load}),
 		EnginePolicyWith(EnginePolicyName+"-contract", EngineOptions{Refresh: DefaultRefresh, ContractOnly: true}),
-		EnginePolicyWith(EnginePolicyName+"-queued-tokens", EngineOptions{Refresh: DefaultRefresh, QueuedTokens: true}),
+		EnginePolicyWith(EnginePolicyName+"-queued-tokens", EngineOptions{Refresh: DefaultRefresh, QueuedTokens: true, Load: &load}),
 		RandomPolicy(),
 		RoundRobinPolicy(),
 		LeastLoadedPolicy(),

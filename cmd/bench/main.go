@@ -17,9 +17,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/inferencecache/inferencecache/bench"
 	"github.com/inferencecache/inferencecache/bench/workload"
+	"github.com/inferencecache/inferencecache/engine"
 )
 
 func main() {
@@ -45,6 +47,7 @@ func run(args []string, stdout io.Writer) error {
 		sizes     = fs.String("cache-blocks", "1000,4000", "comma-separated cache sizes per replica, in blocks")
 		out       = fs.String("out", "bench/results", "output directory")
 		name      = fs.String("name", "", "base name of the output files (default: the workload)")
+		speedup   = fs.Float64("speedup", 1, "divide every arrival time by this (> 1 compresses the stream: heavier load on the same requests)")
 		sens      = fs.Bool("sensitivity", false, "also write <name>-sensitivity.md: inferencecache at event lags 0-1 s and stats intervals 0.5-10 s")
 		cfg       = def
 	)
@@ -57,10 +60,18 @@ func run(args []string, stdout io.Writer) error {
 	fs.DurationVar(&cfg.Cost.DecodePerToken, "decode-per-token", def.Cost.DecodePerToken, "decode time per output token")
 	fs.DurationVar(&cfg.Window, "window", def.Window, "load-imbalance window")
 	fs.IntVar(&cfg.Parallelism, "parallel", 0, "simulations at once (0 = GOMAXPROCS); results do not depend on it")
+	load := engine.DefaultLoadConfig()
+	fs.Float64Var(&load.Bound, "load-bound", load.Bound, "inferencecache rows: the server's --load-bound")
+	fs.IntVar(&load.MinQueue, "load-min-queue", load.MinQueue, "inferencecache rows: the server's --load-min-queue")
+	fs.Float64Var(&load.PrefillWeight, "load-prefill-weight", load.PrefillWeight, "inferencecache rows: the server's --load-prefill-weight")
+	fs.Float64Var(&load.MinMatch, "load-min-match", load.MinMatch, "inferencecache rows: the server's --load-min-match")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg.CacheBlocks = nil
+	if load != engine.DefaultLoadConfig() {
+		cfg.Policies = bench.DefaultPoliciesWith(load)
+	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
@@ -90,6 +101,15 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if *limit > 0 && len(cfg.Requests) > *limit {
 		cfg.Requests = cfg.Requests[:*limit]
+	}
+	if *speedup != 1 {
+		if !(*speedup > 0) {
+			return fmt.Errorf("-speedup must be positive, got %v", *speedup)
+		}
+		for i := range cfg.Requests {
+			cfg.Requests[i].Arrival = time.Duration(float64(cfg.Requests[i].Arrival) / *speedup)
+		}
+		cfg.Workload += fmt.Sprintf(" (arrivals %g× faster)", *speedup)
 	}
 	if *name == "" {
 		*name = *kind
