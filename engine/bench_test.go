@@ -233,3 +233,62 @@ func BenchmarkLookupDuringPolicySwaps(b *testing.B) {
 		})
 	}
 }
+
+var (
+	loadFixtureOnce sync.Once
+	loadFixtureE    *Engine
+)
+
+// loadFixture is the benchmark workload in an engine with load-aware
+// routing on and every replica reporting load (busy enough to activate
+// it, with queues that differ so decisions go every way).
+func loadFixture() (*benchWorkload, *Engine) {
+	w, _ := benchFixture()
+	loadFixtureOnce.Do(func() {
+		loadFixtureE = New(Config{Load: DefaultLoadConfig()})
+		w.forEachUpdate(benchNow, func(u *Update) { loadFixtureE.Ingest(u, benchNow) })
+		for i, r := range w.replicas {
+			loadFixtureE.Ingest(&Update{TenantID: benchTenant, ModelID: benchModel, HashScheme: benchScheme, ReplicaID: r,
+				Stats: &ReplicaStats{Load: LoadStats{Reported: true, Waiting: int32(i % 5), Running: int32(2 + i%7), QueuedTokens: int64(i%9) * 700}}}, benchNow)
+		}
+	})
+	return w, loadFixtureE
+}
+
+// BenchmarkLookupRouteLoadAware measures the lookup path with load-aware
+// routing active, as the handler runs it: the lookup, the contract pick,
+// AdviseByLoad, the explore walk when chosen and NoteRouted, against the
+// lookup alone on the same engine (the ratio is the overhead).
+func BenchmarkLookupRouteLoadAware(b *testing.B) {
+	w, e := loadFixture()
+	reqs := lookupRequests(w, 4096)
+	now := benchNow + 1_000_000
+	seed := []byte("bench-seed")
+	b.Run("lookup-only", func(b *testing.B) {
+		var res LookupResult
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			e.LookupRoute(&reqs[i&4095], now, &res)
+		}
+	})
+	b.Run("with-load", func(b *testing.B) {
+		var res LookupResult
+		decisions := [3]int{}
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			req := &reqs[i&4095]
+			e.LookupRoute(req, now, &res)
+			pick := PickOfScore(&res.Scores[0])
+			d := e.AdviseByLoad(req, now, &res, pick, 1024)
+			decisions[d]++
+			switch d {
+			case LoadRerank:
+				pick = PickOfScore(&res.Scores[0])
+			case LoadExplore:
+				_, pick, _ = e.AffinityPick(&res, benchTenant, benchModel, benchScheme, seed, AffinityExplore)
+			}
+			e.NoteRouted(&res, pick, 64, now)
+		}
+		b.ReportMetric(float64(decisions[LoadKeep])/float64(b.N), "keep/op")
+	})
+}
