@@ -20,7 +20,7 @@ func TestLookupRouteAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items; counts are pinned without it")
 	}
-	env := reasonEnv(t)
+	env := reasonEnv(t, false)
 	svc, err := rpc.NewService(rpc.Config{Index: env.e, Policies: env.store, Observer: servermetrics.New()})
 	if err != nil {
 		t.Fatal(err)
@@ -54,6 +54,50 @@ func TestLookupRouteAllocs(t *testing.T) {
 			}
 			if got != tc.allocs {
 				t.Fatalf("allocs/op = %v, want %v", got, tc.allocs)
+			}
+		})
+	}
+}
+
+// TestLookupRouteAllocsLoadAware: with load-aware routing active (every
+// replica reports a busy load) the handler still allocates only the
+// response, whether it keeps the contract's answer, re-ranks or explores.
+func TestLookupRouteAllocsLoadAware(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items; counts are pinned without it")
+	}
+	env := newEnv(t, envOpts{load: true})
+	env.policies(t, policy.ResolvedPolicy{Namespace: "team", MinimumMatchedTokens: 16})
+	env.seed(t, "team")
+	a, ac := chainOf(chainA, 8)
+	env.report(t, &pb.CacheStateUpdate{TenantId: "team", ModelId: model, HashScheme: scheme, ReplicaId: "r2",
+		Prefixes: []*pb.PrefixEntry{{BlockHashes: a[:6], BlockTokenCounts: ac[:6]}}})
+	env.report(t, loadStats("team", "r1", 30, 10, 500_000), loadStats("team", "r2", 1, 4, 0), loadStats("team", "r3", 0, 4, 0))
+	svc, err := rpc.NewService(rpc.Config{Index: env.e, Policies: env.store, Observer: servermetrics.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cc := chainOf(chainC, 2)
+	for _, tc := range []struct {
+		name   string
+		req    *pb.LookupRouteRequest
+		reason string
+	}{
+		{"re-ranked PREFIX_MATCH", &pb.LookupRouteRequest{TenantId: "team", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac}, rpc.ReasonPrefixMatch},
+		{"explored AFFINITY_HINT", &pb.LookupRouteRequest{TenantId: "team", ModelId: model, HashScheme: scheme, BlockHashes: c, BlockTokenCounts: cc}, rpc.ReasonAffinityHint},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			var reason string
+			got := testing.AllocsPerRun(200, func() {
+				resp, _ := svc.LookupRoute(ctx, tc.req)
+				reason = resp.GetReasonCode()
+			})
+			if reason != tc.reason {
+				t.Fatalf("reason = %s, want %s", reason, tc.reason)
+			}
+			if got != 3 {
+				t.Fatalf("allocs/op = %v, want 3", got)
 			}
 		})
 	}

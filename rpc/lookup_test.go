@@ -3,6 +3,7 @@ package rpc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -37,8 +38,8 @@ func tokenChain(toks []uint32) ([][]byte, []int32) {
 // reasonEnv builds the shared fixture of TestLookupRouteReasonCodes: the
 // policies below, the standard data set under each tenant, token-derived
 // chains for r5, and an adapter-partitioned replica.
-func reasonEnv(t *testing.T) *env {
-	env := newEnv(t, envOpts{})
+func reasonEnv(t *testing.T, load bool) *env {
+	env := newEnv(t, envOpts{load: load})
 	no, yes := ptr(false), ptr(true)
 	env.policies(t,
 		policy.ResolvedPolicy{Namespace: "noaff", AffinityRouting: no, MinimumMatchedTokens: 64},
@@ -71,9 +72,17 @@ func reasonEnv(t *testing.T) *env {
 }
 
 // TestLookupRouteReasonCodes drives every reason code and the precedence
-// rules of contract §2.2 through a real gRPC client.
+// rules of contract §2.2 through a real gRPC client, with load-aware
+// routing off and on (the server's default): without load reports the
+// answers are the same.
 func TestLookupRouteReasonCodes(t *testing.T) {
-	env := reasonEnv(t)
+	for _, load := range []bool{false, true} {
+		t.Run(fmt.Sprintf("load-aware=%v", load), func(t *testing.T) { testReasonCodes(t, load) })
+	}
+}
+
+func testReasonCodes(t *testing.T, load bool) {
+	env := reasonEnv(t, load)
 	env.slow.delay = 150 * time.Millisecond
 
 	a, ac := chainOf(chainA, 8)
@@ -262,7 +271,7 @@ func checkAffinityZeros(t *testing.T, r *pb.LookupRouteResponse) {
 // TIMEOUT, which a gRPC client cannot observe over the wire (it stops
 // waiting): calls go straight to the handler.
 func TestLookupRouteTimeoutPrecedence(t *testing.T) {
-	env := reasonEnv(t)
+	env := reasonEnv(t, false)
 	a, ac := chainOf(chainA, 8)
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -295,7 +304,7 @@ func TestLookupRouteTimeoutPrecedence(t *testing.T) {
 // TestLookupRouteHugeInputs: oversized repeated fields fail open or are
 // answered, never an error.
 func TestLookupRouteHugeInputs(t *testing.T) {
-	env := reasonEnv(t)
+	env := reasonEnv(t, false)
 	big := make([]uint32, rpc.MaxLookupTokens+1)
 	resp, err := env.client.LookupRoute(ctx(t), &pb.LookupRouteRequest{TenantId: "tok", ModelId: model, HashScheme: scheme, TokenIds: big})
 	if err != nil || resp.GetReasonCode() != rpc.ReasonNoHint {
