@@ -184,8 +184,13 @@ type replicaLoad struct {
 	blockTokens int32
 }
 
-// reqTokensWeight smooths the mean routed request size.
-const reqTokensWeight = 0.05
+// reqTokensWeight smooths the mean routed request size; maxRoutedTokens
+// caps what one routed request adds to a replica's queue estimate (the
+// longest prompt a lookup resolves, rpc.MaxLookupTokens).
+const (
+	reqTokensWeight = 0.05
+	maxRoutedTokens = 1 << 20
+)
 
 // applyLoadLocked stores a load report for r. Called by Ingest under mu.
 func (e *Engine) applyLoadLocked(r *replica, ls LoadStats, scheme string, now int64) {
@@ -204,7 +209,7 @@ func (e *Engine) applyLoadLocked(r *replica, ls LoadStats, scheme string, now in
 		// request, but keep what this server routed and has not yet seen
 		// stored (a prefill in progress is "running", not waiting), up to
 		// the requests in flight.
-		if prev != nil && rec.Waiting+rec.Running > 0 {
+		if prev != nil && (rec.Waiting > 0 || rec.Running > 0) {
 			rec.unstored = max(prev.unstored+float64(routed-stored), 0)
 		}
 		rec.queue = max(float64(rec.Waiting)*r.load.reqTokens.load(), rec.unstored)
@@ -217,19 +222,19 @@ func (e *Engine) applyLoadLocked(r *replica, ls LoadStats, scheme string, now in
 func (e *Engine) updateActivationLocked(d *domain, now int64) {
 	cfg := &e.load
 	maxAge := cfg.MaxAge.Microseconds()
-	peak := int32(0)
+	peak := int64(0)
 	for _, r := range d.replicaSlots() {
 		if r == nil {
 			continue
 		}
 		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge {
-			peak = max(peak, rec.Waiting+rec.Running)
+			peak = max(peak, int64(rec.Waiting)+int64(rec.Running))
 		}
 	}
 	switch on := d.loadActive.Load(); {
-	case !on && int(peak) >= cfg.MinQueue:
+	case !on && peak >= int64(cfg.MinQueue):
 		d.loadActive.Store(true)
-	case on && 2*int(peak) < cfg.MinQueue:
+	case on && 2*peak < int64(cfg.MinQueue):
 		d.loadActive.Store(false)
 	}
 }
@@ -305,7 +310,7 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge {
 			en.known = true
 			en.queue = rec.estimate(r)
-			en.inflight = float64(rec.Waiting+rec.Running) + float64(r.load.routedReqs.Load())
+			en.inflight = float64(rec.Waiting) + float64(rec.Running) + float64(r.load.routedReqs.Load())
 			sumQ += en.queue
 			sumN += en.inflight
 			known++
@@ -564,7 +569,10 @@ func (e *Engine) NoteRouted(res *LookupResult, pick ContractPick, uncached int64
 	if r.load.report.Load() == nil {
 		return
 	}
-	u := max(uncached, 0)
+	// The gateway's token counts are its own claim: one request adds at
+	// most maxRoutedTokens, so no client can make a replica look busy for
+	// longer than its next report.
+	u := min(max(uncached, 0), maxRoutedTokens)
 	r.load.routedReqs.Add(1)
 	r.load.routedTokens.Add(u)
 	r.load.reqTokens.observe(float64(u), reqTokensWeight)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -418,4 +419,38 @@ func TestLoadAwareAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(200, run); n != 0 {
 		t.Fatalf("load-aware lookup allocates %v times per run", n)
 	}
+}
+
+// TestLoadHostileFigures: producer and gateway figures at their extremes
+// (int32 request counts, huge token claims) neither wrap nor poison the
+// estimates: a saturated replica is overloaded, not idle, and one routed
+// request adds at most maxRoutedTokens.
+func TestLoadHostileFigures(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1, 2)
+	x.chain("b", now, 0, 1, 2)
+	x.load("a", now, math.MaxInt32, math.MaxInt32, math.MaxInt64)
+	x.load("b", now, 0, 1, 0)
+	if !x.e.lookupDomain("team", "m").loadActive.Load() {
+		t.Fatal("int32-saturated counts did not activate load-awareness (wrapped negative?)")
+	}
+	_, d, first := x.advise(chainReq(1, 2), now)
+	if d == LoadKeep || first != "b" {
+		t.Fatalf("saturated a: decision %v first %q, want b", d, first)
+	}
+	res := &LookupResult{}
+	x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, now, res)
+	var bIdx int
+	for i := range res.Scores {
+		if res.Scores[i].ReplicaID == "b" {
+			bIdx = i
+		}
+	}
+	x.e.NoteRouted(res, PickOfScore(&res.Scores[bIdx]), math.MaxInt64, now)
+	x.e.Loads(now, func(v LoadView) {
+		if v.Replica == "b" && v.QueueTokens != maxRoutedTokens {
+			t.Fatalf("one routed request with a huge claim: queue %v, want %d", v.QueueTokens, maxRoutedTokens)
+		}
+	})
 }
