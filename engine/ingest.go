@@ -75,7 +75,18 @@ func (p *pendingMetrics) reset() {
 // tally moves to the report buffer, which only the reportMu holder touches,
 // so the next writer fills a buffer no reporter is reading. A write that
 // changed nothing reportable skips reportMu altogether.
+//
+// Both locks are released even if something panics on the way (a Metrics
+// implementation, or a bug in the write it closes, when a caller recovers
+// the panic: the gRPC server does): a recovered panic must not leave every
+// later write blocked.
 func (e *Engine) unlockAndReport() {
+	locked := true
+	defer func() {
+		if locked {
+			e.mu.Unlock()
+		}
+	}()
 	if len(e.wrapped) >= maxWrapped {
 		e.compactCapLocked()
 	}
@@ -86,13 +97,15 @@ func (e *Engine) unlockAndReport() {
 	clear(e.dirtyModels)
 	e.dirtyModels = e.dirtyModels[:0]
 	if e.pending.empty() {
-		e.mu.Unlock()
 		return
 	}
 	e.reportMu.Lock()
+	defer e.reportMu.Unlock()
 	e.pending, e.report = e.report, e.pending
+	locked = false
 	e.mu.Unlock()
 	p := &e.report
+	defer p.reset()
 	for a := range p.index {
 		for r, n := range p.index[a] {
 			if n > 0 {
@@ -110,8 +123,6 @@ func (e *Engine) unlockAndReport() {
 	for _, m := range p.models {
 		e.metrics.SetIndexEntries(m.model, m.n)
 	}
-	p.reset()
-	e.reportMu.Unlock()
 }
 
 // lockWriter takes the writer lock and adopts the current policy snapshot.
@@ -135,10 +146,10 @@ func (e *Engine) lockWriter() *policy.Snapshot {
 // than indexed under the empty key, which a hash-less lookup would then match.
 func (e *Engine) Ingest(u *Update, now int64) IngestResult {
 	snap := e.lockWriter()
+	defer e.unlockAndReport()
 	res := e.ingestLocked(u, now)
 	e.enforceQuotaLocked(snap, u.TenantID, now)
 	e.enforceCapLocked(snap, now)
-	e.unlockAndReport()
 	return res
 }
 

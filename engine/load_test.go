@@ -5,7 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/inferencecache/inferencecache/policy"
 )
@@ -454,3 +456,4 @@ func TestLoadHostileFigures(t *testing.T) {
 		}
 	})
 }
+
