@@ -5,9 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/inferencecache/inferencecache/policy"
 )
