@@ -454,4 +454,3 @@ func TestLoadHostileFigures(t *testing.T) {
 		}
 	})
 }
-
