@@ -203,7 +203,7 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				n, ok := e.ingestChainLocked(sc, r, p, tier, ts)
 				res.Entries += n
 				if n > 0 {
-					r.noteStoredLocked(before, chainTokens(p.BlockTokenCounts[:n])/int32(n), 0)
+					r.noteStoredLocked(before, chainTokens(p.BlockTokenCounts[:n])/int32(n))
 				}
 				if !ok {
 					res.Dropped++
@@ -227,12 +227,14 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				continue
 			}
 			res.Entries++
-			var prevCount int32
+			// A legacy entry's own tokens: the step from its predecessor in
+			// the update, else the replica's last seen block size.
+			block := r.load.blockTokens
 			if prevOff != 0 && prevScope == sc && p.TokenCount > prevTokens {
 				e.arena.Word(prevOff + nNext).Store(off)
-				prevCount = prevTokens
+				block = p.TokenCount - prevTokens
 			}
-			r.noteStoredLocked(before, p.TokenCount, prevCount)
+			r.noteStoredLocked(before, block)
 			prevOff, prevTokens, prevScope = off, p.TokenCount, sc
 		}
 	}
@@ -243,7 +245,12 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 		r.stats.Store(st)
 		r.liveness.Store(ts)
 		if u.Stats.Load.Reported {
-			e.applyLoadLocked(r, u.Stats.Load, u.HashScheme, now)
+			e.applyLoadLocked(d, r, u.Stats.Load, u.HashScheme, now)
+			e.updateActivationLocked(d, now)
+		} else if r.load.report.Load() != nil {
+			// The latest stats carry no load: the replica's load is
+			// unknown from now on, not what it was.
+			r.load.report.Store(nil)
 			e.updateActivationLocked(d, now)
 		}
 	}

@@ -3,10 +3,12 @@ package engine
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"slices"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Load-aware routing (docs/routing.md). The contract ranks replicas by what
@@ -78,7 +80,7 @@ func DefaultLoadConfig() LoadConfig {
 }
 
 func (c *LoadConfig) normalize() {
-	if c.Bound < 1 {
+	if !(c.Bound >= 1) || math.IsInf(c.Bound, 0) {
 		c.Bound = DefaultLoadBound
 	}
 	if c.MinQueue < 1 {
@@ -123,12 +125,10 @@ type loadRecord struct {
 	LoadStats
 	// at is the server time the report arrived (µs).
 	at int64
-	// queue is the prefill work the report says is queued (tokens):
-	// QueuedTokens, or Waiting priced at the mean routed request.
-	queue float64
 	// unstored (counts-only reports) is what this server routed to the
 	// replica and has not seen stored yet, carried across reports while
-	// the engine has requests in flight.
+	// the engine has requests in flight, up to carriedPerRequest mean
+	// requests per request in flight.
 	unstored float64
 	// scheme is the hash scheme the report came with: a replica that
 	// reports load for a scheme is a place to compute that scheme's
@@ -141,15 +141,17 @@ type ewma struct{ w atomic.Uint64 }
 
 func (m *ewma) load() float64 { return math.Float64frombits(m.w.Load()) }
 
-// observe folds x in. Under contention it gives up after a few attempts:
-// a lost sample only delays the mean slightly.
+// observe folds x in, at most 4× the current mean so that one outlier (a
+// gateway's inflated token claim) moves it little. Under contention it
+// gives up after a few attempts: a lost sample only delays the mean
+// slightly.
 func (m *ewma) observe(x, weight float64) {
 	for range 4 {
 		w := m.w.Load()
 		old := math.Float64frombits(w)
 		next := x
 		if old > 0 {
-			next = old + weight*(x-old)
+			next = old + weight*(min(x, 4*old)-old)
 		}
 		if m.w.CompareAndSwap(w, math.Float64bits(next)) {
 			return
@@ -190,10 +192,14 @@ type replicaLoad struct {
 const (
 	reqTokensWeight = 0.05
 	maxRoutedTokens = 1 << 20
+	// carriedPerRequest bounds the routed-but-unstored work a counts-only
+	// report carries, in mean requests per request in flight.
+	carriedPerRequest = 8
 )
 
-// applyLoadLocked stores a load report for r. Called by Ingest under mu.
-func (e *Engine) applyLoadLocked(r *replica, ls LoadStats, scheme string, now int64) {
+// applyLoadLocked stores a load report for r (of domain d). Called by
+// Ingest under mu.
+func (e *Engine) applyLoadLocked(d *domain, r *replica, ls LoadStats, scheme string, now int64) {
 	rec := &loadRecord{LoadStats: ls, at: now, scheme: scheme}
 	rec.Waiting, rec.Running = max(rec.Waiting, 0), max(rec.Running, 0)
 	prev := r.load.report.Load()
@@ -202,19 +208,39 @@ func (e *Engine) applyLoadLocked(r *replica, ls LoadStats, scheme string, now in
 	routed := r.load.routedTokens.Swap(0)
 	r.load.routedReqs.Store(0)
 	stored := r.load.stored.Swap(0)
-	if rec.QueuedTokens >= 0 {
-		rec.queue = float64(rec.QueuedTokens)
-	} else {
-		// Counts only: price the waiting requests at the mean routed
-		// request, but keep what this server routed and has not yet seen
-		// stored (a prefill in progress is "running", not waiting), up to
-		// the requests in flight.
-		if prev != nil && (rec.Waiting > 0 || rec.Running > 0) {
-			rec.unstored = max(prev.unstored+float64(routed-stored), 0)
-		}
-		rec.queue = max(float64(rec.Waiting)*r.load.reqTokens.load(), rec.unstored)
+	if rec.QueuedTokens < 0 && prev != nil && (rec.Waiting > 0 || rec.Running > 0) {
+		// Counts only: keep what this server routed there and has not yet
+		// seen stored (a prefill in progress is "running", not waiting),
+		// but never more than carriedPerRequest mean requests per request
+		// in flight: routed work can vanish without new keys (the gateway
+		// sent it elsewhere, it hit blocks the index did not know, it was
+		// cancelled), while prompt sizes are heavy-tailed enough that one
+		// request in prefill can be several times the mean.
+		limit := (float64(rec.Waiting) + float64(rec.Running)) * carriedPerRequest * meanRequestTokens(d.replicaSlots())
+		rec.unstored = min(max(prev.unstored+float64(routed-stored), 0), limit)
 	}
 	r.load.report.Store(rec)
+}
+
+// meanRequestTokens is the mean uncached size of the requests routed to a
+// domain's replicas (the mean of their means): one price for a waiting
+// request across the domain, so equal engine figures give equal queues.
+func meanRequestTokens(slots []*replica) float64 {
+	var sum float64
+	n := 0
+	for _, r := range slots {
+		if r == nil {
+			continue
+		}
+		if m := r.load.reqTokens.load(); m > 0 {
+			sum += m
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
 }
 
 // updateActivationLocked applies the hysteresis: on when some fresh report
@@ -241,6 +267,9 @@ func (e *Engine) updateActivationLocked(d *domain, now int64) {
 
 // loadEntry is one serving replica's load as a lookup sees it.
 type loadEntry struct {
+	// r is the replica (its slot may be freed after the view is taken;
+	// the view keeps what it read).
+	r   *replica
 	rid uint16
 	// known is false when the replica has no fresh load report; serving
 	// is false for a replica that reports load for the scheme but holds
@@ -303,13 +332,14 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 	lv.pos = lv.pos[:len(slots)]
 	clear(lv.pos)
 	maxAge := e.load.MaxAge.Microseconds()
+	per := meanRequestTokens(slots)
 	var sumQ, sumN float64
 	known := 0
 	add := func(r *replica, serving bool) {
-		en := loadEntry{rid: r.id, serving: serving}
+		en := loadEntry{r: r, rid: r.id, serving: serving}
 		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge {
 			en.known = true
-			en.queue = rec.estimate(r)
+			en.queue = rec.estimate(r, per)
 			en.inflight = float64(rec.Waiting) + float64(rec.Running) + float64(r.load.routedReqs.Load())
 			sumQ += en.queue
 			sumN += en.inflight
@@ -534,20 +564,19 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 		// The least cost is off the ring: a replica that reports load for
 		// the scheme but holds none of its keys yet. Take the first of
 		// those by name.
-		slots := d.replicaSlots()
 		best := -1
 		for i := range lv.entries {
 			en := &lv.entries[i]
 			if en.serving || en.overloaded || lv.exploreCost(en, w) > least {
 				continue
 			}
-			if best < 0 || slots[en.rid].name < slots[lv.entries[best].rid].name {
+			if best < 0 || en.r.name < lv.entries[best].r.name {
 				best = i
 			}
 		}
 		if best >= 0 {
-			rid := lv.entries[best].rid
-			return slots[rid].name, ContractPick{Has: true, rid: rid}, true
+			en := &lv.entries[best]
+			return en.r.name, ContractPick{Has: true, rid: en.rid}, true
 		}
 	}
 	return ss.names[start], ContractPick{Has: true, rid: ss.byName[start]}, true
@@ -566,8 +595,8 @@ func (e *Engine) NoteRouted(res *LookupResult, pick ContractPick, uncached int64
 		return
 	}
 	r := slots[pick.rid]
-	if r.load.report.Load() == nil {
-		return
+	if rec := r.load.report.Load(); rec == nil || now-rec.at >= e.load.MaxAge.Microseconds() {
+		return // no fresh report to count against
 	}
 	// The gateway's token counts are its own claim: one request adds at
 	// most maxRoutedTokens, so no client can make a replica look busy for
@@ -590,24 +619,17 @@ func MatchedAt(res *LookupResult, pick ContractPick) (int32, float32) {
 }
 
 // noteStoredLocked adds to r's stored tokens what one ingested entry newly
-// stored: tokens for a chain block, or for a legacy entry its cumulative
-// count minus its predecessor's in the same update (prev, 0 when none),
-// else the replica's last seen block size. Called under mu after the entry
-// was written, with the replica's newHolders from before.
-func (r *replica) noteStoredLocked(before int64, tokens, prev int32) {
-	if prev > 0 && tokens > prev {
-		r.load.blockTokens = tokens - prev
+// stored, blockTokens per newly held key (0 when unknown: nothing is
+// counted). Called under mu after the entry was written, with the
+// replica's newHolders from before.
+func (r *replica) noteStoredLocked(before int64, blockTokens int32) {
+	if blockTokens > 0 {
+		r.load.blockTokens = blockTokens
 	}
-	if r.load.newHolders == before || r.load.report.Load() == nil {
+	if r.load.newHolders == before || r.load.report.Load() == nil || blockTokens <= 0 {
 		return
 	}
-	n := r.load.blockTokens
-	if prev > 0 && tokens > prev {
-		n = tokens - prev
-	} else if n == 0 {
-		n = tokens
-	}
-	r.load.stored.Add(int64(n) * (r.load.newHolders - before))
+	r.load.stored.Add(int64(blockTokens) * (r.load.newHolders - before))
 }
 
 // LoadView is one replica's load as /snapshot and the metrics show it.
@@ -638,7 +660,9 @@ func (e *Engine) Loads(now int64, fn func(LoadView)) {
 		if d.reserved {
 			return true
 		}
-		for _, r := range d.replicaSlots() {
+		slots := d.replicaSlots()
+		per := meanRequestTokens(slots)
+		for _, r := range slots {
 			if r == nil {
 				continue
 			}
@@ -650,7 +674,7 @@ func (e *Engine) Loads(now int64, fn func(LoadView)) {
 				Tenant: d.tenant, Model: d.model, Replica: r.name,
 				Waiting: rec.Waiting, Running: rec.Running, QueuedTokens: rec.QueuedTokens,
 				RoutedSinceReport: r.load.routedReqs.Load(),
-				QueueTokens:       rec.estimate(r),
+				QueueTokens:       rec.estimate(r, per),
 				ReportedAt:        rec.at,
 				Fresh:             now-rec.at < maxAge,
 			})
@@ -660,8 +684,44 @@ func (e *Engine) Loads(now int64, fn func(LoadView)) {
 }
 
 // estimate is the prefill work ahead of a new request on r now: the
-// reported queue, plus what was routed since, minus the prefills KV events
-// say completed since.
-func (rec *loadRecord) estimate(r *replica) float64 {
-	return max(rec.queue+float64(r.load.routedTokens.Load()-r.load.stored.Load()), 0)
+// reported queue (QueuedTokens, or for counts-only reports the waiting
+// requests at per tokens each, or what was routed and not yet stored if
+// more), plus what was routed since the report, minus the prefills KV
+// events say completed since.
+func (rec *loadRecord) estimate(r *replica, per float64) float64 {
+	q := float64(rec.QueuedTokens)
+	if rec.QueuedTokens < 0 {
+		q = max(float64(rec.Waiting)*per, rec.unstored)
+	}
+	return max(q+float64(r.load.routedTokens.Load()-r.load.stored.Load()), 0)
+}
+
+// Validate reports the first knob out of range (cmd/server rejects it
+// rather than running with a default the operator did not ask for).
+func (c *LoadConfig) Validate() error {
+	switch {
+	case !c.Enabled:
+		return nil
+	case !(c.Bound >= 1) || math.IsInf(c.Bound, 0):
+		return fmt.Errorf("load bound %v: want a finite number >= 1", c.Bound)
+	case c.MinQueue < 1:
+		return fmt.Errorf("load min queue %d: want >= 1", c.MinQueue)
+	case !(c.PrefillWeight >= 1) || math.IsInf(c.PrefillWeight, 0):
+		return fmt.Errorf("load prefill weight %v: want a finite number >= 1", c.PrefillWeight)
+	case !(c.MinMatch >= 0 && c.MinMatch <= 1):
+		return fmt.Errorf("load min match %v: want 0..1", c.MinMatch)
+	case c.MaxAge <= 0:
+		return fmt.Errorf("load max age %v: want > 0", c.MaxAge)
+	}
+	return nil
+}
+
+// ScratchBytes is about how much memory res's scratch holds, so a pool can
+// drop a result that a huge request or domain grew.
+func (res *LookupResult) ScratchBytes() int {
+	return 8*(cap(res.nodes)+cap(res.matched)+cap(res.prefix)+cap(res.keys)) +
+		int(unsafe.Sizeof(runner{}))*(cap(res.run)+cap(res.fin)+cap(res.undo)) +
+		int(unsafe.Sizeof(candidate{}))*cap(res.cand) +
+		int(unsafe.Sizeof(Score{}))*(cap(res.Scores)+cap(res.sorted)) +
+		int(unsafe.Sizeof(loadEntry{}))*cap(res.lv.entries) + 2*cap(res.lv.pos)
 }

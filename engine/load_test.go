@@ -365,14 +365,17 @@ func TestLoadQueueEstimate(t *testing.T) {
 	if q := est(); q != 268 {
 		t.Fatalf("routed, unstored work across a report: %v", q)
 	}
+	// ... up to carriedPerRequest mean requests per request in flight: a
+	// 5000-token claim moves the mean to 345 (one sample counts at most 4×
+	// the mean), and one request in flight caps the carried work at 8 × 345.
 	route(5000)
 	x.load("a", now, 0, 1, -1)
-	if q := est(); q != 5268 {
-		t.Fatalf("an unfinished routed prefill across a report: %v", q)
+	if q := est(); q != 8*345 {
+		t.Fatalf("carried work over the in-flight cap: %v", q)
 	}
 	x.chain("a", now, 0, 1, 2, 3, 4, 5) // two more new blocks
 	x.load("a", now, 0, 1, -1)
-	if q := est(); q != 5268-32 {
+	if q := est(); q != 8*345-32 {
 		t.Fatalf("after two stored blocks, across a report: %v", q)
 	}
 	// ... and is dropped once the engine is idle.
@@ -453,4 +456,70 @@ func TestLoadHostileFigures(t *testing.T) {
 			t.Fatalf("one routed request with a huge claim: queue %v, want %d", v.QueueTokens, maxRoutedTokens)
 		}
 	})
+}
+
+// TestLoadExploreSurvivesFreedReplica: a load-reporting replica off the
+// ring that is freed between the load view and the explore walk (an
+// ALL_CLEARED in between) is still named from the view, never a panic.
+func TestLoadExploreSurvivesFreedReplica(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("hot", now, 0, 1, 2, 3)
+	x.load("hot", now, 0, 12, 0)
+	x.load("idle-a", now, 0, 0, 0)
+	x.load("idle-b", now, 0, 0, 0)
+	req := chainReq(1, 2, 3, 4)
+	req.TenantID, req.ModelID, req.HashScheme = "team", "m", "vllm"
+	res := &LookupResult{}
+	x.e.LookupRoute(&req, now, res)
+	if d := x.e.AdviseByLoad(&req, now, res, PickOfScore(&res.Scores[0]), 64); d != LoadExplore {
+		t.Fatalf("decision %v, want explore", d)
+	}
+	for _, r := range []string{"idle-a", "idle-b"} {
+		x.e.ApplyEvent(&Event{Type: EventAllCleared, TenantID: "team", ModelID: "m", ReplicaID: r}, now)
+	}
+	x.e.Sweep(now + replicaQuarantineUs + 1) // frees the cleared replicas' ids
+	name, _, ok := x.e.AffinityPick(res, "team", "m", "vllm", []byte("seed"), AffinityExplore)
+	if !ok || name != "idle-a" {
+		t.Fatalf("pick %q %v, want idle-a from the view", name, ok)
+	}
+}
+
+// TestLoadCountsOnlyEqualFigures: engines reporting equal waiting and
+// running counts (no queued tokens) are equally loaded even when the
+// requests routed to them had very different sizes: a waiting request is
+// priced at one mean for the whole domain.
+func TestLoadCountsOnlyEqualFigures(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1, 2, 3, 4)
+	x.chain("b", now, 0, 1, 2, 3, 4)
+	x.load("a", now, 6, 3, -1)
+	x.load("b", now, 6, 3, -1)
+	for i, size := range []int64{2000, 10} { // a gets big requests, b tiny ones
+		name := []string{"a", "b"}[i]
+		res := &LookupResult{}
+		x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, now, res)
+		for j := range res.Scores {
+			if res.Scores[j].ReplicaID == name {
+				for range 20 {
+					x.e.NoteRouted(res, PickOfScore(&res.Scores[j]), size, now)
+				}
+			}
+		}
+	}
+	// New reports with the same figures and nothing carried (the engines
+	// were idle in between): the queues must be equal again.
+	x.load("a", now, 0, 0, -1)
+	x.load("b", now, 0, 0, -1)
+	x.load("a", now, 6, 3, -1)
+	x.load("b", now, 6, 3, -1)
+	q := map[string]float64{}
+	x.e.Loads(now, func(v LoadView) { q[v.Replica] = v.QueueTokens })
+	if q["a"] != q["b"] || q["a"] == 0 {
+		t.Fatalf("equal counts priced differently: %v", q)
+	}
+	if _, d, first := x.advise(chainReq(1, 2, 3, 4), now); d != LoadKeep || first != "a" {
+		t.Fatalf("equal counts: decision %v first %q, want the contract's a", d, first)
+	}
 }

@@ -66,7 +66,7 @@ func (e *Engine) Snapshot() controlapi.CacheSnapshot {
 			}
 			if rec := r.load.report.Load(); rec != nil && (row.Load == nil || rec.at > loadAt[k]) {
 				loadAt[k] = rec.at
-				row.Load = snapshotLoad(d.model, rec, r, now, e.load.MaxAge.Microseconds())
+				row.Load = snapshotLoad(d.model, rec, r, meanRequestTokens(d.replicaSlots()), now, e.load.MaxAge.Microseconds())
 			}
 		}
 		return true
@@ -129,7 +129,7 @@ func (e *Engine) ModelState(tenant, model string) (replicas []ReplicaStatsView, 
 }
 
 // snapshotLoad is a replica's load row for /snapshot.
-func snapshotLoad(model string, rec *loadRecord, r *replica, now, maxAge int64) *controlapi.ReplicaLoad {
+func snapshotLoad(model string, rec *loadRecord, r *replica, per float64, now, maxAge int64) *controlapi.ReplicaLoad {
 	if maxAge <= 0 {
 		maxAge = DefaultLoadMaxAge.Microseconds()
 	}
@@ -138,7 +138,7 @@ func snapshotLoad(model string, rec *loadRecord, r *replica, now, maxAge int64) 
 		WaitingRequests:      rec.Waiting,
 		RunningRequests:      rec.Running,
 		RoutedSinceReport:    r.load.routedReqs.Load(),
-		EstimatedQueueTokens: rec.estimate(r),
+		EstimatedQueueTokens: rec.estimate(r, per),
 		ReportedAt:           time.UnixMicro(rec.at).UTC(),
 		Fresh:                now-rec.at < maxAge,
 	}

@@ -164,3 +164,39 @@ func TestLoadAwareEqualLoadsDifferential(t *testing.T) {
 		t.Fatalf("only %d answers named replicas; the comparison proves little", checked)
 	}
 }
+
+// TestLoadAwarePrefixHashWithoutCount: a prefix-hash lookup that leaves
+// prefix_token_count at 0 (it only feeds the minimum-prefix gate) still
+// has its cached prefix counted: the holder with a short queue keeps it.
+func TestLoadAwarePrefixHashWithoutCount(t *testing.T) {
+	env := newEnv(t, envOpts{load: true})
+	const tenant = "team"
+	env.policies(t, policy.ResolvedPolicy{Namespace: tenant, MinimumMatchedTokens: 16})
+	key := hashOf(chainC, 99)
+	env.report(t,
+		&pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: "a", Prefixes: []*pb.PrefixEntry{{PrefixHash: key, TokenCount: 4096}}},
+		&pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: "b", Prefixes: []*pb.PrefixEntry{{PrefixHash: hashOf(chainC, 98), TokenCount: 16}}},
+		loadStats(tenant, "a", 1, 4, 300), loadStats(tenant, "b", 0, 4, 100))
+	for _, count := range []int32{4096, 0} {
+		resp, err := env.client.LookupRoute(ctx(t), &pb.LookupRouteRequest{TenantId: tenant, ModelId: model, HashScheme: scheme, PrefixHash: key, PrefixTokenCount: count})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.ReasonCode != "PREFIX_MATCH" || replicaIDs(resp)[0] != "a" {
+			t.Fatalf("prefix_token_count %d: %s %v, want PREFIX_MATCH led by a", count, resp.ReasonCode, replicaIDs(resp))
+		}
+	}
+}
+
+// TestLoadNegativeQueuedTokensIsUnknown: a negative queued_prefill_tokens
+// is no figure (unknown), not an idle queue.
+func TestLoadNegativeQueuedTokensIsUnknown(t *testing.T) {
+	env := newEnv(t, envOpts{load: true})
+	env.seed(t, "team")
+	env.report(t, loadStats("team", "r1", 2, 4, -5))
+	for _, r := range env.e.Snapshot().Replicas {
+		if r.ReplicaID == "r1" && (r.Load == nil || r.Load.QueuedPrefillTokens != nil) {
+			t.Fatalf("r1 load row %+v, want a load without queued tokens", r.Load)
+		}
+	}
+}

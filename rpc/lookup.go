@@ -42,7 +42,7 @@ func (s *Service) putScratch(sc *lookupScratch) {
 	// The engine's result scratch is opaque here; it grows by at least 8
 	// bytes per block of the request's chain (prefix sums, walked nodes)
 	// and by one Score per replica scored.
-	if len(sc.req.BlockHashes) > maxRetainedScratch/8 || oversized(sc.res.Scores) {
+	if len(sc.req.BlockHashes) > maxRetainedScratch/8 || oversized(sc.res.Scores) || sc.res.ScratchBytes() > 8*maxRetainedScratch {
 		sc.res = engine.LookupResult{}
 	}
 	sc.req = engine.LookupRequest{}
@@ -227,8 +227,15 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	// answer unless the pick is overloaded or a replica with a shorter
 	// queue is cheaper. res.Scores holds the prefix candidates that passed
 	// the matched-tokens floor (none below minimumPrefixTokens).
+	// The prompt's size for the costs: the effective prefix tokens, at
+	// least what a replica matched (a prefix-hash lookup may leave
+	// prefix_token_count at 0; it only feeds the minimum-prefix gate).
+	tokens := eff
+	for i := range res.Scores {
+		tokens = max(tokens, int64(res.Scores[i].MatchedTokens))
+	}
 	if pick.Has {
-		switch s.index.AdviseByLoad(&sc.req, start.UnixMicro(), res, pick, eff) {
+		switch s.index.AdviseByLoad(&sc.req, start.UnixMicro(), res, pick, tokens) {
 		case engine.LoadRerank:
 			strategy = engine.StrategyPrefixMatch
 			if belowFloor(pt, res.Scores) {
@@ -246,7 +253,7 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	// 11d. The consistent-hash fallback on the None branch.
 	if strategy == engine.StrategyNone {
 		if pick.Has {
-			s.noteRouted(res, pick, eff, start)
+			s.noteRouted(res, pick, tokens, start)
 			return s.affinityResponse(req, model, pin, start, in.echo), nil
 		}
 		return s.indexedResponse(req, model, ReasonNoHint, nil, start, in.echo), nil
@@ -258,7 +265,7 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	case engine.StrategyPrefixMatch:
 		s.index.Credit(res)
 		scores = res.Scores
-		s.noteRouted(res, pick, eff, start)
+		s.noteRouted(res, pick, tokens, start)
 	case engine.StrategyTenantHot:
 		scores = res.Scores
 	}

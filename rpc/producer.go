@@ -132,8 +132,9 @@ func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
 		}
 		if st.WaitingRequests != nil || st.RunningRequests != nil {
 			c.stats.Load = engine.LoadStats{Reported: true, Waiting: st.GetWaitingRequests(), Running: st.GetRunningRequests(), QueuedTokens: -1}
-			if st.QueuedPrefillTokens != nil {
-				c.stats.Load.QueuedTokens = max(st.GetQueuedPrefillTokens(), 0)
+			if st.QueuedPrefillTokens != nil && st.GetQueuedPrefillTokens() >= 0 {
+				// A negative figure is no figure: unknown, not an idle queue.
+				c.stats.Load.QueuedTokens = st.GetQueuedPrefillTokens()
 			}
 		}
 		c.u.Stats = &c.stats

@@ -329,6 +329,8 @@ func validate(cfg *Config) error {
 		return fmt.Errorf("%w: negative max receive message size %d", ErrInvalidConfig, cfg.MaxRecvMsgBytes)
 	case cfg.MetricsModelGrace < 0:
 		return fmt.Errorf("%w: negative --metrics-model-grace %v", ErrInvalidConfig, cfg.MetricsModelGrace)
+	case cfg.Load.Validate() != nil:
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, cfg.Load.Validate())
 	case cfg.MaxClockSkew < 0:
 		return fmt.Errorf("%w: negative max clock skew %v", ErrInvalidConfig, cfg.MaxClockSkew)
 	}

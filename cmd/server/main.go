@@ -47,7 +47,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "engine KV block size in tokens, for fingerprinting token_ids")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", cfg.SweepInterval, "TTL sweep period")
 	fs.BoolVar(&cfg.Load.Enabled, "load-aware-routing", cfg.Load.Enabled, "rank by estimated time to first token when replicas report load (false: the contract's ranking exactly)")
-	fs.Float64Var(&cfg.Load.Bound, "load-bound", cfg.Load.Bound, "bounded-load factor c: a replica with more requests in flight than max(c x mean, --load-min-queue) is overloaded")
+	fs.Float64Var(&cfg.Load.Bound, "load-bound", cfg.Load.Bound, "bounded-load factor c: a replica with more requests in flight than max(c x mean + 2 x sqrt(mean), --load-min-queue) is overloaded")
 	fs.IntVar(&cfg.Load.MinQueue, "load-min-queue", cfg.Load.MinQueue, "requests in flight at which load starts to matter (load-awareness turns off again below half of it)")
 	fs.Float64Var(&cfg.Load.PrefillWeight, "load-prefill-weight", cfg.Load.PrefillWeight, "queued prefill tokens one uncached prompt token is worth when ranking by load (>= 1)")
 	fs.Float64Var(&cfg.Load.MinMatch, "load-min-match", cfg.Load.MinMatch, "share of the prompt a cached prefix must cover to count when ranking by load (0..1; 0.5: follow a prefix only when it is at least the part still to compute)")
