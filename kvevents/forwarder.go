@@ -559,7 +559,9 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 	}
 	if err != nil {
 		if o.kind == opEvict {
-			f.buffered -= done - f.queue[0].done
+			if !o.snapshot { // snapshot ops never counted in buffered
+				f.buffered -= done - f.queue[0].done
+			}
 			f.queue[0].done = done
 		}
 		return false, true

@@ -325,7 +325,7 @@ loop:
 // handle applies one live message, repairing a gap before it if needed.
 func (s *Subscriber) handle(ctx context.Context, msg message) {
 	if msg.connected {
-		s.onConnect(ctx)
+		s.onConnect(ctx, msg.conn)
 		s.connects.Add(1)
 		return
 	}

@@ -30,7 +30,7 @@ var (
 // with the engine through the replay endpoint, so batches published while
 // no subscriber listened (a subscriber restart, an engine restart, a
 // network blip) are not lost even when the engine then stays idle.
-func (s *Subscriber) onConnect(ctx context.Context) {
+func (s *Subscriber) onConnect(ctx context.Context, conn uint64) {
 	if s.cfg.ReplayEndpoint == "" {
 		if !s.synced {
 			// Nothing to check the loaded state against: re-report it as
@@ -45,8 +45,11 @@ func (s *Subscriber) onConnect(ctx context.Context) {
 		switch s.syncOnce(ctx) {
 		case syncDone:
 			// Batches of this connection the replay already covered are
-			// late duplicates from now on, not a restart.
-			s.seq.conn = s.connNow.Load()
+			// late duplicates from now on, not a restart. (The connection
+			// synced, not the newest: if the socket reconnected during the
+			// sync, the next connection gets its own sync and its own
+			// check.)
+			s.seq.conn = conn
 			return
 		case syncFailed:
 			return
