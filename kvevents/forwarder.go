@@ -6,13 +6,18 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
 // Sink is where the forwarder delivers updates: the InferenceCache service
 // in production (GRPCSink), a recorder in tests. Calls come from one
-// goroutine at a time, in order; an error means "not delivered, retry".
+// goroutine at a time, in order; an error means "not delivered, retry",
+// except InvalidArgument: the server refused the content, and the update
+// is dropped.
 type Sink interface {
 	// ReportCacheState sends one update on its own ReportCacheState stream
 	// and waits for the Ack.
@@ -557,7 +562,7 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 	if f.gen != gen {
 		return err == nil, true // the queue was dropped while we sent
 	}
-	if err != nil {
+	if err != nil && !refused(err) {
 		if o.kind == opEvict {
 			if !o.snapshot { // snapshot ops never counted in buffered
 				f.buffered -= done - f.queue[0].done
@@ -565,6 +570,12 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 			f.queue[0].done = done
 		}
 		return false, true
+	}
+	if err != nil {
+		// The server refused the content itself (an id over its limit):
+		// retrying would block the replica behind it forever. Drop the op,
+		// counted in forward_errors_total and logged.
+		f.cfg.Logger.Warn("server refused a forwarded update; dropping it", "err", err)
 	}
 	f.buffered -= f.queue[0].size()
 	f.queue[0] = op{}
@@ -854,3 +865,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// refused reports whether err is the server refusing the request's content
+// (InvalidArgument), which no retry can fix.
+func refused(err error) bool { return status.Code(err) == codes.InvalidArgument }

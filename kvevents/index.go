@@ -36,7 +36,13 @@ const (
 	DropUnknownParent = "unknown_parent" // parent hash not in the positional index
 	DropTokenCount    = "token_count"    // cumulative tokens overflow int32
 	DropUnknownType   = "unknown_type"   // event tag this decoder does not know
+	DropLongAdapter   = "long_adapter"   // lora_name longer than MaxIDBytes
 )
+
+// MaxIDBytes is the longest id the server accepts (rpc.MaxIDBytes): a
+// longer adapter name would make the server refuse the whole update, so
+// its events are dropped here, counted.
+const MaxIDBytes = 1024
 
 // DefaultMaxIndexBlocks bounds the positional index (engine hashes kept per
 // replica). At about 100 bytes per entry it is ~100 MiB; engines hold far
@@ -175,6 +181,9 @@ func (x *Index) Store(ev *Event, dst []Prefix) ([]Prefix, string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 
+	if len(ev.LoRAName) > MaxIDBytes {
+		return dst, DropLongAdapter
+	}
 	adapter, ok := x.adapterLocked(ev)
 	if !ok {
 		return dst, DropUnmappedLoRA

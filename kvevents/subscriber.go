@@ -218,6 +218,18 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 	if cfg.ReplicaID == "" || cfg.ModelID == "" {
 		return nil, errors.New("kvevents: replica id and model id are required")
 	}
+	for _, id := range []struct{ name, v string }{
+		{"replica id", cfg.ReplicaID}, {"model id", cfg.ModelID}, {"tenant id", cfg.TenantID}, {"hash scheme", cfg.HashScheme},
+	} {
+		if len(id.v) > MaxIDBytes {
+			return nil, fmt.Errorf("kvevents: %s is %d bytes, the server accepts at most %d", id.name, len(id.v), MaxIDBytes)
+		}
+	}
+	for lid, name := range cfg.LoRAAdapters {
+		if len(name) > MaxIDBytes {
+			return nil, fmt.Errorf("kvevents: adapter name of lora_id %d is %d bytes, the server accepts at most %d", lid, len(name), MaxIDBytes)
+		}
+	}
 	m := NewMetrics(cfg.Registerer)
 	idx := NewIndex(cfg.BlockSize, cfg.MaxIndexBlocks, cfg.LoRAAdapters)
 	fwd := NewForwarder(ForwarderConfig{

@@ -3,13 +3,20 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
+	"github.com/inferencecache/inferencecache/rpc"
+	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
 // TestReconnectDuringSyncIsNotARestart: when the SUB socket reconnects
@@ -79,3 +86,50 @@ func TestSyncEvictionsKeepBufferedExact(t *testing.T) {
 		t.Fatalf("buffered %d after the sync's evictions were delivered", b)
 	}
 }
+
+// TestLongAdapterNameDropped: a lora_name longer than the server's id
+// limit drops its BlockStored (counted) instead of producing an update the
+// server would refuse; the limit is the server's.
+func TestLongAdapterNameDropped(t *testing.T) {
+	if MaxIDBytes != rpc.MaxIDBytes {
+		t.Fatalf("MaxIDBytes %d, the server's rpc.MaxIDBytes %d", MaxIDBytes, rpc.MaxIDBytes)
+	}
+	x := NewIndex(16, 0, nil)
+	toks := make([]uint32, 16)
+	ev := &Event{Kind: KindBlockStored, BlockHashes: []uint64{1}, TokenIDs: toks, BlockSize: 16, LoRAName: []byte(strings.Repeat("a", MaxIDBytes+1))}
+	if out, reason := x.Store(ev, nil); reason != DropLongAdapter || len(out) != 0 {
+		t.Fatalf("Store: %d prefixes, reason %q; want dropped as %q", len(out), reason, DropLongAdapter)
+	}
+	ev.LoRAName = []byte(strings.Repeat("a", MaxIDBytes))
+	if out, reason := x.Store(ev, nil); reason != "" || len(out) != 1 {
+		t.Fatalf("a name at the limit: %d prefixes, reason %q", len(out), reason)
+	}
+	if _, err := New(Config{ReplicaID: strings.Repeat("r", MaxIDBytes+1), ModelID: "m"}, &recSink{}); err == nil {
+		t.Fatal("an oversized replica id was accepted")
+	}
+}
+
+// TestForwarderDropsRefusedUpdate: an update the server refuses as
+// InvalidArgument is dropped (the queue moves on), while other errors are
+// retried.
+func TestForwarderDropsRefusedUpdate(t *testing.T) {
+	s := &refusingSink{}
+	f := NewForwarder(baseConfig(), s, nil)
+	startForwarder(t, f)
+	f.Add([]Prefix{pfx(1, 16)}, 1)
+	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
+		t.Fatalf("Flush with a refused update: %v", err)
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("refused update sent %d times, want once", n)
+	}
+}
+
+type refusingSink struct{ calls atomic.Int32 }
+
+func (s *refusingSink) ReportCacheState(context.Context, *icv1.CacheStateUpdate) error {
+	s.calls.Add(1)
+	return status.Error(codes.InvalidArgument, "adapter_id is 2000 bytes, over the 1024-byte limit")
+}
+
+func (s *refusingSink) PublishEvent(context.Context, *icv1.CacheEvent) error { return nil }
