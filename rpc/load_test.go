@@ -1,15 +1,18 @@
 package rpc_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/inferencecache/inferencecache/policy"
+	"github.com/inferencecache/inferencecache/rpc"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -198,5 +201,28 @@ func TestLoadNegativeQueuedTokensIsUnknown(t *testing.T) {
 		if r.ReplicaID == "r1" && (r.Load == nil || r.Load.QueuedPrefillTokens != nil) {
 			t.Fatalf("r1 load row %+v, want a load without queued tokens", r.Load)
 		}
+	}
+}
+
+// TestOversizedIDPrecedence: an id over MaxIDBytes answers NO_HINT, but
+// after what contract §2.2 ranks above it: the reserved tenant (NO_HINT,
+// latency 0), TIMEOUT and POLICY_REQUIRES_CHAIN.
+func TestOversizedIDPrecedence(t *testing.T) {
+	env := newEnv(t, envOpts{})
+	env.policies(t, policy.ResolvedPolicy{Namespace: "rc", Strategy: &policy.LookupStrategy{RequireChain: ptr(true)}})
+	long := strings.Repeat("m", rpc.MaxIDBytes+1)
+	cctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if r, _ := env.svc.LookupRoute(cctx, &pb.LookupRouteRequest{TenantId: "t", ModelId: long, HashScheme: scheme}); r.ReasonCode != rpc.ReasonTimeout {
+		t.Fatalf("expired context + oversized model: %s, want TIMEOUT", r.ReasonCode)
+	}
+	if r, _ := env.svc.LookupRoute(context.Background(), &pb.LookupRouteRequest{TenantId: "rc", ModelId: long, HashScheme: scheme}); r.ReasonCode != rpc.ReasonPolicyRequiresChain {
+		t.Fatalf("requireChain tenant without a chain + oversized model: %s, want POLICY_REQUIRES_CHAIN", r.ReasonCode)
+	}
+	if r, _ := env.svc.LookupRoute(context.Background(), &pb.LookupRouteRequest{TenantId: policy.ReservedTenantID, ModelId: long, HashScheme: scheme}); r.ReasonCode != rpc.ReasonNoHint || env.obs.last().elapsed != 0 {
+		t.Fatalf("reserved tenant + oversized model: %s, latency %v; want NO_HINT at 0", r.ReasonCode, env.obs.last().elapsed)
+	}
+	if r, _ := env.svc.LookupRoute(context.Background(), &pb.LookupRouteRequest{TenantId: "t", ModelId: long, HashScheme: scheme}); r.ReasonCode != rpc.ReasonNoHint {
+		t.Fatalf("oversized model: %s, want NO_HINT", r.ReasonCode)
 	}
 }

@@ -103,11 +103,6 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	start := s.now()
 	tenant, model := req.GetTenantId(), req.GetModelId()
 
-	// 0. No such id can be in the index (the producer RPCs refuse them).
-	if !lookupIDsFit(req) {
-		return s.emptyResponse(model, ReasonNoHint, start, nil), nil
-	}
-
 	// 1. The probe's scope is server-internal: never serve it.
 	if tenant == policy.ReservedTenantID {
 		s.observer.ObserveLookup(model, ReasonNoHint, false, 0)
@@ -130,6 +125,13 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	// 4. Checked on the wire fields, before any resolution.
 	if pt.RequireChain && !validWireChain(req) {
 		return s.emptyResponse(model, ReasonPolicyRequiresChain, start, nil), nil
+	}
+
+	// An id over MaxIDBytes cannot be in the index (the producer RPCs
+	// refuse them): NO_HINT before any work, after the checks the contract
+	// ranks above it.
+	if !lookupIDsFit(req) {
+		return s.emptyResponse(model, ReasonNoHint, start, nil), nil
 	}
 
 	sc := s.getScratch()

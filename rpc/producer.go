@@ -154,12 +154,12 @@ func (s *Service) PublishEvent(ctx context.Context, ev *pb.CacheEvent) (*pb.Ack,
 		// Fails only outside a gRPC call (a direct call in a test).
 		_ = grpc.SetHeader(ctx, s.instanceMD)
 	}
+	if ev.GetTenantId() == policy.ReservedTenantID {
+		return &pb.Ack{Accepted: true}, nil // as ReportCacheState: before any check
+	}
 	if o := eventOversizedID(ev); o.found() {
 		s.droppedEvent(ev, dropOversizedID)
 		return nil, o.err("event with an oversized id", 1)
-	}
-	if ev.GetTenantId() == policy.ReservedTenantID {
-		return &pb.Ack{Accepted: true}, nil
 	}
 	if r := eventDrop(ev); r != dropNone {
 		// The index would ignore it; count it instead.
