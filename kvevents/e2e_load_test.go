@@ -37,7 +37,7 @@ func newEngineLoad(t *testing.T) *engineLoad {
 // first within two stats intervals; when the queue drains, load-awareness
 // turns off again and the contract's answer is back.
 func TestE2ELongQueueStopsBeingFirst(t *testing.T) {
-	const interval = 250 * time.Millisecond
+	const interval = 400 * time.Millisecond
 	srv := startRealServer(t, nil)
 	// Affinity off and a one-block matched floor (startRealServer), and the
 	// routing floor at its default.
