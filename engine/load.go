@@ -424,8 +424,7 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	if !pick.Has || res.d == nil {
 		return LoadKeep
 	}
-	sch := res.d.findScheme(req.HashScheme)
-	if !e.evaluateLoad(sch, now, res) {
+	if !e.evaluateLoad(res.sch, now, res) {
 		return LoadKeep
 	}
 	lv := &res.lv
@@ -531,11 +530,7 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 	if len(seed) == 0 || scheme == "" {
 		return "", ContractPick{}, false
 	}
-	d := e.lookupDomain(tenant, model)
-	if d == nil {
-		return "", ContractPick{}, false
-	}
-	sch := d.findScheme(scheme)
+	d, sch := e.affinityScope(res, tenant, model, scheme)
 	if sch == nil {
 		return "", ContractPick{}, false
 	}
@@ -580,6 +575,19 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 		}
 	}
 	return ss.names[start], ContractPick{Has: true, rid: ss.byName[start]}, true
+}
+
+// affinityScope finds (tenant, model, scheme), reusing what res's lookup
+// already found when it was for the same scope.
+func (e *Engine) affinityScope(res *LookupResult, tenant, model, scheme string) (*domain, *scheme) {
+	if res != nil && res.sch != nil && res.d.tenant == tenant && res.d.model == model && res.sch.name == scheme {
+		return res.d, res.sch
+	}
+	d := e.lookupDomain(tenant, model)
+	if d == nil {
+		return nil, nil
+	}
+	return d, d.findScheme(scheme)
 }
 
 // NoteRouted records that the request res answered was routed to pick

@@ -2,14 +2,11 @@ package engine
 
 import (
 	"math"
-
-	"crypto/sha256"
-	"encoding/binary"
-	"github.com/inferencecache/inferencecache/arena"
 	"slices"
 	"sync/atomic"
 	"time"
 
+	"github.com/inferencecache/inferencecache/arena"
 	"github.com/inferencecache/inferencecache/policy"
 )
 
@@ -26,8 +23,11 @@ type LookupResult struct {
 
 	// What Credit needs: the domain, whether the tenant is LFU, the nodes of
 	// the walked chain (gen<<32|offset per block) or of the exact match.
-	d     *domain
-	lfu   bool
+	d   *domain
+	lfu bool
+	// sch is the lookup's hash scheme in d (nil when it has none), for the
+	// load-aware step and the affinity pick of the same request.
+	sch   *scheme
 	nodes []uint64
 
 	// Scratch of the chain walk: the running set (run), finished runners
@@ -57,7 +57,7 @@ type runner struct {
 func (r *LookupResult) reset() {
 	r.Strategy = StrategyNone
 	r.Scores = r.Scores[:0]
-	r.d, r.lfu = nil, false
+	r.d, r.sch, r.lfu = nil, nil, false
 	r.nodes = r.nodes[:0]
 	r.run, r.fin, r.cand = r.run[:0], r.fin[:0], r.cand[:0]
 	r.lv.active = false
@@ -89,7 +89,7 @@ func (e *Engine) LookupRoute(req *LookupRequest, now int64, res *LookupResult) {
 			sc = sch.findScope(req.AdapterID)
 		}
 	}
-	res.d = d
+	res.d, res.sch = d, sch
 	res.lfu = pt.Eviction == policy.LFU
 	if sc != nil {
 		if chain {
@@ -654,23 +654,8 @@ func (e *Engine) credit(ref uint64, rid uint16) {
 // ascending, indexed by the first 8 bytes of SHA-256(seed), big-endian,
 // modulo their number. It reports false for an empty seed or scope.
 func (e *Engine) AffinityHint(tenant, model, scheme string, seed []byte) (string, bool) {
-	if len(seed) == 0 || scheme == "" {
-		return "", false
-	}
-	d := e.lookupDomain(tenant, model)
-	if d == nil {
-		return "", false
-	}
-	sch := d.findScheme(scheme)
-	if sch == nil {
-		return "", false
-	}
-	names := sch.serving.Load().names
-	if len(names) == 0 {
-		return "", false
-	}
-	sum := sha256.Sum256(seed)
-	return names[binary.BigEndian.Uint64(sum[:8])%uint64(len(names))], true
+	name, _, ok := e.AffinityPick(nil, tenant, model, scheme, seed, AffinityContract)
+	return name, ok
 }
 
 // Micros converts a time to the µs clock the engine uses.

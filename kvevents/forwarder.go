@@ -612,12 +612,7 @@ func (f *Forwarder) doResync(ctx context.Context) bool {
 		snap = f.snap.AppendSnapshot(nil)
 	}
 	blocks := len(snap)
-	ops := make([]op, 0, len(snap)/f.cfg.MaxPending+1)
-	for len(snap) > 0 {
-		n := min(len(snap), f.cfg.MaxPending)
-		ops = append(ops, op{kind: opReport, prefixes: snap[:n:n], tsUS: now, snapshot: true})
-		snap = snap[n:]
-	}
+	ops := f.snapshotOps(snap, now)
 	f.mu.Lock()
 	f.queue = append(ops, f.queue...)
 	f.signalIdleLocked() // Flush waits for the end of the resync too
@@ -632,6 +627,18 @@ func (f *Forwarder) doResync(ctx context.Context) bool {
 	return true
 }
 
+// snapshotOps cuts a snapshot of the positional index into report ops of
+// at most MaxPending entries, stamped now.
+func (f *Forwarder) snapshotOps(snap []Prefix, now int64) []op {
+	ops := make([]op, 0, len(snap)/f.cfg.MaxPending+1)
+	for len(snap) > 0 {
+		n := min(len(snap), f.cfg.MaxPending)
+		ops = append(ops, op{kind: opReport, prefixes: snap[:n:n], tsUS: now, snapshot: true})
+		snap = snap[n:]
+	}
+	return ops
+}
+
 // doRereport puts a re-report of the whole positional index, stamped now,
 // at the front of the queue. As for a resync's snapshot, the front is
 // right: a block whose newest change is still queued is re-reported with a
@@ -644,12 +651,7 @@ func (f *Forwarder) doRereport(reason string) {
 	now := f.cfg.Now().UnixMicro()
 	snap := f.snap.AppendSnapshot(nil)
 	blocks := len(snap)
-	ops := make([]op, 0, len(snap)/f.cfg.MaxPending+1)
-	for len(snap) > 0 {
-		n := min(len(snap), f.cfg.MaxPending)
-		ops = append(ops, op{kind: opReport, prefixes: snap[:n:n], tsUS: now, snapshot: true})
-		snap = snap[n:]
-	}
+	ops := f.snapshotOps(snap, now)
 	f.mu.Lock()
 	f.queue = append(ops, f.queue...)
 	f.mu.Unlock()

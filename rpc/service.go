@@ -78,7 +78,6 @@ const (
 type Index interface {
 	LookupRoute(req *engine.LookupRequest, now int64, res *engine.LookupResult)
 	Credit(res *engine.LookupResult)
-	AffinityHint(tenant, model, scheme string, seed []byte) (string, bool)
 	AffinityPick(res *engine.LookupResult, tenant, model, scheme string, seed []byte, mode engine.AffinityMode) (string, engine.ContractPick, bool)
 	AdviseByLoad(req *engine.LookupRequest, now int64, res *engine.LookupResult, pick engine.ContractPick, tokens int64) engine.LoadDecision
 	NoteRouted(res *engine.LookupResult, pick engine.ContractPick, uncached, now int64)

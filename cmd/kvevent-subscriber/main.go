@@ -92,26 +92,16 @@ func run(args []string) error {
 	if cfg.HashScheme == "" {
 		return errors.New("--hash-scheme must not be empty (the server drops prefixes without one)")
 	}
-	switch {
-	case refresh < 0:
-		return errors.New("--refresh-interval must not be negative (0 disables the refresh)")
-	case refresh == 0:
-		cfg.RefreshInterval = -1 // disabled
-	default:
-		cfg.RefreshInterval = refresh
+	var err error
+	if cfg.RefreshInterval, err = optionalInterval("--refresh-interval", "the refresh", refresh); err != nil {
+		return err
 	}
-	switch {
-	case heartbeat < 0:
-		return errors.New("--server-heartbeat-interval must not be negative (0 disables the heartbeat)")
-	case heartbeat == 0:
-		cfg.Heartbeat = -1 // disabled
-	default:
-		cfg.Heartbeat = heartbeat
+	if cfg.Heartbeat, err = optionalInterval("--server-heartbeat-interval", "the heartbeat", heartbeat); err != nil {
+		return err
 	}
 	if cfg.StateInterval <= 0 {
 		return errors.New("--state-interval must be positive")
 	}
-	var err error
 	if cfg.LoRAAdapters, err = kvevents.ParseLoRAAdapters(loras); err != nil {
 		return err
 	}
@@ -162,4 +152,17 @@ func run(args []string) error {
 	}
 	log.Info("kvevent-subscriber stopped", "err", runErr)
 	return runErr
+}
+
+// optionalInterval maps an interval flag where 0 disables the feature onto
+// the config's convention (negative = disabled); a negative flag is an
+// error.
+func optionalInterval(flag, what string, d time.Duration) (time.Duration, error) {
+	switch {
+	case d < 0:
+		return 0, fmt.Errorf("%s must not be negative (0 disables %s)", flag, what)
+	case d == 0:
+		return -1, nil
+	}
+	return d, nil
 }

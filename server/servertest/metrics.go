@@ -23,22 +23,8 @@ const ScrapeTimeout = 10 * time.Second
 // error or a status other than 200.
 func Scrape(t testing.TB, srv *server.Server) map[string]*dto.MetricFamily {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), ScrapeTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+srv.HTTPAddr().String()+"/metrics", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("servertest: cannot scrape /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("servertest: /metrics answered %d", resp.StatusCode)
-	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(ScrapeText(t, srv)))
 	if err != nil {
 		t.Fatalf("servertest: cannot parse /metrics: %v", err)
 	}
