@@ -398,7 +398,7 @@ const (
 	// (best first; the caller applies the routing floor to it).
 	LoadRerank
 	// LoadExplore: no holder is worth its queue; the request should go
-	// where it is cheapest to compute cold (AffinityHint with explore).
+	// where it is cheapest to compute cold (AffinityPick in AffinityExplore mode).
 	LoadExplore
 )
 

@@ -75,14 +75,14 @@ type lookupInput struct {
 }
 
 // LookupRoute answers which replicas hold the request's prefix, in the exact
-// evaluation order of contract §2.2, after one check of ours:
+// evaluation order of contract §2.2, with two steps of ours (4a, 11f):
 //
-//  0. an id (tenant, model, scheme, adapter) over MaxIDBytes gets NO_HINT
-//     before anything else: no index read, no policy lookup;
 //  1. the reserved probe tenant gets NO_HINT (metric latency 0);
 //  2. the tenant's lookupTimeoutMs sets a budget from handler entry;
 //  3. a caller context already done is TIMEOUT;
 //  4. requireChain without a valid wire chain is POLICY_REQUIRES_CHAIN;
+//     4a. an id (tenant, model, scheme, adapter) over MaxIDBytes: NO_HINT,
+//     no index read;
 //  5. input resolution (chain > token_ids > prompt_text); fail-open NO_HINT;
 //  6. below minimumPrefixTokens with affinity disabled: NO_HINT, no lookup;
 //  7. enableChainMatching=false strips the chain (done in step 5);
@@ -90,7 +90,9 @@ type lookupInput struct {
 //  9. caller deadline or budget passed: TIMEOUT;
 //  10. TENANT_HOT with enableTenantHot=false: NO_HINT;
 //  11. result gates: minimumPrefixTokens downgrade, matched-tokens floor,
-//     routing floor, then the affinity fallback, LFU credit and the reason.
+//     routing floor, then the affinity fallback, LFU credit and the reason;
+//     11f. load-aware routing's second opinion on the first replica
+//     (docs/routing.md), which keeps the answer above unless loads differ.
 //
 // Deadlines are checked, not enforced by preemption: the index lookup is
 // lock-free and bounded (microseconds), so the handler runs it inline and
