@@ -133,17 +133,121 @@ const (
 	ReasonInvalid = "Invalid"
 )
 
+// ConditionPropagated and its reasons. The condition is present only on a
+// policy that is Accepted (one that governs its namespace): it says whether
+// the routing servers acknowledged this generation, independently of
+// Accepted, which only judges the spec.
+const (
+	// ConditionPropagated is True when every ready routing server pod (or,
+	// when the pods cannot be enumerated, the configured server address)
+	// acknowledged the push of this generation.
+	ConditionPropagated = "Propagated"
+
+	// ReasonPropagated (True): every ready server pod of the server Service
+	// acknowledged this generation.
+	ReasonPropagated = "Propagated"
+	// ReasonAddressAcknowledged (True): the server pods could not be
+	// enumerated (the server Service's EndpointSlices cannot be read), and the
+	// configured server address acknowledged this generation; the pods behind
+	// that address are not individually known.
+	ReasonAddressAcknowledged = "AddressAcknowledged"
+	// ReasonPartiallyPropagated (False): some ready server pods acknowledged
+	// this generation and some did not; the message names one that did not
+	// and its error.
+	ReasonPartiallyPropagated = "PartiallyPropagated"
+	// ReasonPushFailed (False): no server acknowledged this generation; the
+	// message carries the server's error.
+	ReasonPushFailed = "PushFailed"
+	// ReasonNoReadyServers (False): the server Service's EndpointSlices list
+	// no ready server endpoint, so nothing was pushed.
+	ReasonNoReadyServers = "NoReadyServers"
+)
+
+// How the controller found the routing servers (PolicyPropagation.Target).
+const (
+	// PropagationTargetEndpointSlices: every ready endpoint of the server
+	// Service, from its EndpointSlices.
+	PropagationTargetEndpointSlices = "EndpointSlices"
+	// PropagationTargetAddress: the configured server address only.
+	PropagationTargetAddress = "Address"
+)
+
+// MaxPropagationServers bounds status.propagation.servers.
+const MaxPropagationServers = 16
+
 // CachePolicyStatus is the controller's verdict on the policy.
 type CachePolicyStatus struct {
 	// ObservedGeneration is the metadata.generation the verdict is about.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions holds the Accepted condition.
+	// Conditions holds the Accepted condition and, while the policy is
+	// Accepted, the Propagated condition.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// Propagation reports, per routing server, what the controller's pushes
+	// of this policy achieved. Present only while the policy is Accepted.
+	// +optional
+	Propagation *PolicyPropagation `json:"propagation,omitempty"`
+}
+
+// PolicyPropagation is the outcome of the controller's last push of the
+// policy to the routing servers.
+type PolicyPropagation struct {
+	// Target is how the servers were found: EndpointSlices (every ready
+	// endpoint of the server Service) or Address (the configured server
+	// address, when no EndpointSlice of the Service can be read).
+	// +kubebuilder:validation:Enum=EndpointSlices;Address
+	Target string `json:"target"`
+
+	// ReadyServers is the number of servers the last push went to.
+	ReadyServers int32 `json:"readyServers"`
+
+	// AcknowledgedServers is the number of them that acknowledged this
+	// generation on the last push.
+	AcknowledgedServers int32 `json:"acknowledgedServers"`
+
+	// Servers has one entry per server of the last push: those that did not
+	// acknowledge first, then by name. At most 16 are listed; the counts
+	// above cover all.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Servers []ServerPropagation `json:"servers,omitempty"`
+}
+
+// ServerPropagation is the push outcome on one routing server.
+type ServerPropagation struct {
+	// Name is the server pod (the endpoint's targetRef) or, without one, the
+	// address.
+	Name string `json:"name"`
+
+	// Address is the host:port the policy was pushed to.
+	Address string `json:"address"`
+
+	// PushedGeneration is the metadata.generation of this policy the server
+	// last acknowledged; absent when it never did.
+	// +optional
+	PushedGeneration int64 `json:"pushedGeneration,omitempty"`
+
+	// AcknowledgedTime is when the server first acknowledged
+	// pushedGeneration. The periodic re-push of an unchanged generation does
+	// not move it (so status is not rewritten on every tick).
+	// +optional
+	AcknowledgedTime *metav1.Time `json:"acknowledgedTime,omitempty"`
+
+	// Error is why the last push to this server was not acknowledged: the
+	// server's answer or the transport error. Empty when it was.
+	// +optional
+	Error string `json:"error,omitempty"`
+
+	// FailingSince is when the pushes to this server started failing; absent
+	// while they succeed.
+	// +optional
+	FailingSince *metav1.Time `json:"failingSince,omitempty"`
 }
 
 // +kubebuilder:object:root=true
@@ -155,11 +259,14 @@ type CachePolicyStatus struct {
 // +kubebuilder:printcolumn:name="Affinity",type=string,JSONPath=`.spec.affinityRouting`,priority=1
 // +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].reason`
+// +kubebuilder:printcolumn:name="Propagated",type=string,JSONPath=`.status.conditions[?(@.type=="Propagated")].status`
+// +kubebuilder:printcolumn:name="Servers",type=string,JSONPath=`.status.propagation.acknowledgedServers`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // CachePolicy is the cache lookup and eviction policy of one namespace. The
-// controller pushes it to the routing server; status.conditions[Accepted]
-// says whether it is the one in effect.
+// controller pushes it to every ready routing server pod;
+// status.conditions[Accepted] says whether it is the one in effect,
+// status.conditions[Propagated] whether the servers acknowledged it.
 type CachePolicy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

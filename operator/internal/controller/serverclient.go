@@ -52,14 +52,33 @@ func (c *ServerClient) http() *http.Client {
 	return defaultHTTP
 }
 
-// PushPolicy POSTs the full replace-on-write policy body to /policy. Any
-// status outside 2xx is an error that carries the server's message.
+// PushPolicy POSTs the full replace-on-write policy body to /policy at
+// BaseURL. Any status outside 2xx is an error that carries the server's
+// message.
 func (c *ServerClient) PushPolicy(ctx context.Context, b *policy.Body) error {
+	raw, err := encodePolicy(b)
+	if err != nil {
+		return err
+	}
+	return c.PushPolicyTo(ctx, c.BaseURL, raw)
+}
+
+// encodePolicy is the JSON of a /policy body, encoded once per pass and
+// pushed to every server.
+func encodePolicy(b *policy.Body) ([]byte, error) {
 	raw, err := json.Marshal(b)
 	if err != nil {
-		return fmt.Errorf("cannot encode policy body: %w", err)
+		return nil, fmt.Errorf("cannot encode policy body: %w", err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/policy"), bytes.NewReader(raw))
+	return raw, nil
+}
+
+// PushPolicyTo POSTs raw, an encoded policy body, to /policy at base (a
+// server pod's address, e.g. http://10.0.0.7:8081), with the policy-audience
+// token. Any status outside 2xx is an error that carries the server's
+// message.
+func (c *ServerClient) PushPolicyTo(ctx context.Context, base string, raw []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, joinURL(base, "/policy"), bytes.NewReader(raw))
 	if err != nil {
 		return fmt.Errorf("cannot build /policy request: %w", err)
 	}
@@ -69,11 +88,11 @@ func (c *ServerClient) PushPolicy(ctx context.Context, b *policy.Body) error {
 	}
 	resp, err := c.http().Do(req)
 	if err != nil {
-		return fmt.Errorf("cannot push policy to %s: %w", c.BaseURL, err)
+		return fmt.Errorf("cannot push policy to %s: %w", base, err)
 	}
 	defer drain(resp.Body)
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("cannot push policy to %s: %s", c.BaseURL, statusText(resp))
+		return fmt.Errorf("cannot push policy to %s: %s", base, statusText(resp))
 	}
 	return nil
 }
@@ -102,7 +121,9 @@ func (c *ServerClient) Snapshot(ctx context.Context) (controlapi.CacheSnapshot, 
 	return snap, nil
 }
 
-func (c *ServerClient) url(path string) string { return strings.TrimSuffix(c.BaseURL, "/") + path }
+func (c *ServerClient) url(path string) string { return joinURL(c.BaseURL, path) }
+
+func joinURL(base, path string) string { return strings.TrimSuffix(base, "/") + path }
 
 // authorize sets the bearer token read from path now; "" sends none.
 func authorize(req *http.Request, path string) error {

@@ -1,7 +1,8 @@
 // Package controller holds the inferencecache controllers:
 //
-//   - PolicyPropagator: CachePolicy + CacheTenant -> the server's /policy,
-//     plus CachePolicy status (Accepted / Conflicted / Invalid);
+//   - PolicyPropagator: CachePolicy + CacheTenant -> /policy of every ready
+//     server pod, plus CachePolicy status (Accepted / Conflicted / Invalid,
+//     Propagated, per-server propagation);
 //   - SnapshotPoller: the server's /snapshot -> CacheIndex cluster-default,
 //     CacheTenant status, CacheBackend status.indexParticipation and the
 //     tier-2 metrics.
@@ -17,11 +18,15 @@ import (
 	"fmt"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -98,6 +103,14 @@ type Options struct {
 	SnapshotInterval time.Duration
 	// DisableSnapshot leaves the SnapshotPoller out.
 	DisableSnapshot bool
+	// ServerService is the Service of the server pods: the policy is pushed
+	// to every ready endpoint of its EndpointSlices. Empty means the Service
+	// Server.BaseURL names (http://NAME.NAMESPACE.svc...); with neither, the
+	// policy goes to Server.BaseURL only.
+	ServerService types.NamespacedName
+	// ServerPortName is the name of ServerService's port of the internal
+	// listener; default DefaultServerPortName.
+	ServerPortName string
 }
 
 // Setup registers the PolicyPropagator and the SnapshotPoller with mgr.
@@ -151,6 +164,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Named("policy-propagation").
 		WithOptions(singleKeyOptions(o.PushInterval)).
 		WatchesRawSource(kick(PropagationKey))
+	sw, err := serverSlices(mgr, o)
+	if err != nil {
+		return err
+	}
+	if sw.cache != nil {
+		b = b.WatchesRawSource(source.Kind(sw.cache, &discoveryv1.EndpointSlice{},
+			handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, *discoveryv1.EndpointSlice) []reconcile.Request {
+				return []reconcile.Request{PropagationKey}
+			})))
+	}
+	prop.Servers = sw.discovery
 	if polServed {
 		b = b.Watches(&v1alpha1.CachePolicy{}, toKey(PropagationKey), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	}
@@ -189,6 +213,65 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("cannot set up the cache snapshot controller: %w", err)
 	}
 	return nil
+}
+
+// discoveryProbeTimeout bounds Setup's check that the EndpointSlices of the
+// server Service can be listed.
+const discoveryProbeTimeout = 10 * time.Second
+
+// sliceWatch is how the PolicyPropagator reads the server Service's
+// EndpointSlices.
+type sliceWatch struct {
+	discovery ServerDiscovery
+	// cache holds only the Service's EndpointSlices (its namespace, its
+	// kubernetes.io/service-name label); nil when they are not watched.
+	cache cache.Cache
+}
+
+// serverSlices sets up the reading of the server Service's EndpointSlices.
+//
+// Without a Service (none configured, and the server address names none)
+// the policy goes to the address only. Otherwise Setup lists the slices once:
+// when that works, a cache restricted to the Service's slices is added to
+// the manager and watched, so a new ready server pod triggers a pass at
+// once. When it fails (RBAC does not grant it, the apiserver did not answer)
+// a watch would keep the controller from starting, so every pass lists the
+// slices live instead, and pushes to the configured address while that
+// fails.
+func serverSlices(mgr ctrl.Manager, o Options) (sliceWatch, error) {
+	svc := o.ServerService
+	if svc.Name == "" {
+		svc, _ = ServiceFromURL(o.Server.BaseURL)
+	}
+	if svc.Name == "" {
+		return sliceWatch{}, nil
+	}
+	d := ServerDiscovery{Service: svc, PortName: o.ServerPortName}
+	log := mgr.GetLogger().WithValues("service", nsName(svc))
+	sel := client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}
+	ctx, cancel := context.WithTimeout(context.Background(), discoveryProbeTimeout)
+	defer cancel()
+	if err := mgr.GetAPIReader().List(ctx, &discoveryv1.EndpointSliceList{}, client.InNamespace(svc.Namespace), sel, client.Limit(1)); err != nil {
+		log.Info("cannot list the server Service's EndpointSlices; not watching them, each push lists them again and falls back to the server address while that fails",
+			"error", err.Error())
+		d.Slices = mgr.GetAPIReader()
+		return sliceWatch{discovery: d}, nil
+	}
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		HTTPClient:           mgr.GetHTTPClient(),
+		Scheme:               mgr.GetScheme(),
+		Mapper:               mgr.GetRESTMapper(),
+		DefaultNamespaces:    map[string]cache.Config{svc.Namespace: {}},
+		DefaultLabelSelector: labels.SelectorFromSet(labels.Set(sel)),
+	})
+	if err != nil {
+		return sliceWatch{}, fmt.Errorf("cannot create the EndpointSlice cache: %w", err)
+	}
+	if err := mgr.Add(c); err != nil {
+		return sliceWatch{}, fmt.Errorf("cannot add the EndpointSlice cache: %w", err)
+	}
+	d.Slices = c
+	return sliceWatch{discovery: d, cache: c}, nil
 }
 
 // singleKeyOptions: one worker, and failure backoff from 250 ms doubling up

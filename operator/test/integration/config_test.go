@@ -222,6 +222,10 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		"ClusterRole inferencecache.io/cachebackends[]":        {"list", "watch"},
 		"ClusterRole inferencecache.io/cachebackends/status[]": {"patch"},
 		"ClusterRole pods[]": {"list", "watch"},
+		// PolicyPropagator: the EndpointSlices of the server Service (a
+		// cache restricted to its namespace and label), to push to every
+		// ready server pod.
+		"Role discovery.k8s.io/endpointslices[]": {"list", "watch"},
 		// Leader election: the Lease (client-go LeaseLock: get, create,
 		// update) and its core/v1 Events.
 		"Role coordination.k8s.io/leases[]": {"create", "get", "update"},

@@ -37,6 +37,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -168,10 +169,13 @@ func run(m *testing.M) int {
 			BaseURL:             "http://" + srv.addr,
 			PolicyTokenPath:     filepath.Join(tokenDir, "policy"),
 			ControllerTokenPath: filepath.Join(tokenDir, "controller"),
-			HTTP:                &http.Client{Timeout: 2 * time.Second},
+			HTTP:                &http.Client{Timeout: 2 * time.Second, Transport: testNetTransport()},
 		},
 		PushInterval:     tick,
 		SnapshotInterval: tick,
+		// Until a test writes EndpointSlices for it, the Service has none and
+		// the policy goes to srv's address.
+		ServerService: types.NamespacedName{Namespace: controllerNS, Name: serverService},
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -328,6 +332,9 @@ type testServer struct {
 	pushes atomic.Int64
 	// policyAuth counts the auth outcomes of /policy.
 	policyAuth authCounter
+	// refuse, when set, is the error text /policy answers with 503 (set by
+	// tests, read by the handler).
+	refuse atomic.Pointer[string]
 
 	mu   sync.Mutex   // guards http
 	http *http.Server // the running server; nil when stopped
@@ -386,6 +393,10 @@ func (s *testServer) handler() (http.Handler, error) {
 		return nil, err
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if msg := s.refuse.Load(); msg != nil && r.URL.Path == "/policy" {
+			http.Error(w, *msg, http.StatusServiceUnavailable)
+			return
+		}
 		rec := &statusRecorder{ResponseWriter: w}
 		h.ServeHTTP(rec, r)
 		if r.URL.Path == "/policy" && rec.status == http.StatusNoContent {

@@ -1,0 +1,292 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/inferencecache/controlserver/auth"
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/policy"
+)
+
+// serverService is the server Service of the suite's controller
+// (controller.Options.ServerService). It has no EndpointSlice except while
+// TestPropagationFanOut runs, so every other test's pushes go to srv's
+// address (the controller's fallback).
+const serverService = "inferencecache-server"
+
+// testNet is where the fan-out test's server pods "live". The apiserver
+// refuses loopback addresses in an EndpointSlice, so the slices list
+// addresses of TEST-NET-1 (RFC 5737, never routed) and the controller's
+// transport (testNetTransport) dials 127.0.0.1 at the same port instead:
+// the pushes are real HTTP requests to the real in-process servers, and all
+// traffic stays on 127.0.0.1.
+var testNet = netip.MustParsePrefix("192.0.2.0/24")
+
+// testNetTransport is the suite controller's HTTP transport: an address in
+// testNet is dialed on 127.0.0.1 at the same port; any other as given.
+func testNetTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if ap, err := netip.ParseAddrPort(addr); err == nil && testNet.Contains(ap.Addr()) {
+			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(ap.Port())))
+		}
+		return d.DialContext(ctx, network, addr)
+	}
+	return tr
+}
+
+// fanoutManagedBy marks the EndpointSlices the test writes (envtest runs no
+// endpoint controller).
+const fanoutManagedBy = "propagation-fanout-test"
+
+// TestPropagationFanOut: with the server Service's EndpointSlices listing
+// two ready server pods (two real in-process servers on 127.0.0.1), both get
+// the policy and status.propagation lists each; a third pod gets it within
+// one tick of its slice appearing; a server refusing the push turns
+// Propagated False with its error (PartiallyPropagated, a Warning Event, its
+// pushedGeneration stays behind) and True again once it acknowledges (a
+// Normal Event); Accepted stays True throughout.
+func TestPropagationFanOut(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "prop-fanout", false)
+
+	servers := map[string]*testServer{}
+	for _, name := range []string{"server-a", "server-b", "server-c"} {
+		s := newTestServer(auth.ReviewerFromClientset(clientset))
+		wantOK(t, "start "+name, s.start())
+		t.Cleanup(s.stop)
+		servers[name] = s
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: controllerNS, Name: serverService},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app.kubernetes.io/name": serverService},
+			Ports:    []corev1.ServicePort{{Name: "internal", Port: 8081, TargetPort: intstr.FromString("internal")}},
+		},
+	}
+	wantOK(t, "create Service", k8s.Create(ctx, svc))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = k8s.DeleteAllOf(ctx, &discoveryv1.EndpointSlice{}, client.InNamespace(controllerNS),
+			client.MatchingLabels{discoveryv1.LabelManagedBy: fanoutManagedBy})
+		_ = k8s.Delete(ctx, svc)
+	})
+	// Each server's pod address: its own TEST-NET-1 address, at the port it
+	// listens on 127.0.0.1.
+	podIP := map[string]string{"server-a": "192.0.2.1", "server-b": "192.0.2.2", "server-c": "192.0.2.3"}
+	addSlice := func(name string, extra ...discoveryv1.Endpoint) {
+		t.Helper()
+		_, port, err := net.SplitHostPort(servers[name].addr)
+		wantOK(t, "split address", err)
+		p, err := strconv.Atoi(port)
+		wantOK(t, "parse port", err)
+		host := podIP[name]
+		es := &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{Namespace: controllerNS, Name: serverService + "-" + name, Labels: map[string]string{
+				discoveryv1.LabelServiceName: serverService, discoveryv1.LabelManagedBy: fanoutManagedBy,
+			}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints: append([]discoveryv1.Endpoint{{
+				Addresses:  []string{host},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: controllerNS, Name: name},
+			}}, extra...),
+			Ports: []discoveryv1.EndpointPort{
+				{Name: ptr("grpc"), Port: ptr(int32(1)), Protocol: ptr(corev1.ProtocolTCP)}, // not the internal port: never pushed to
+				{Name: ptr("internal"), Port: ptr(int32(p)), Protocol: ptr(corev1.ProtocolTCP)},
+			},
+		}
+		wantOK(t, "create EndpointSlice for "+name, k8s.Create(ctx, es))
+	}
+	// server-a's slice also lists a pod that is not ready: it gets nothing.
+	notReady := discoveryv1.Endpoint{
+		Addresses:  []string{"192.0.2.99"},
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr(false)},
+		TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: controllerNS, Name: "server-not-ready"},
+	}
+	addSlice("server-a", notReady)
+	addSlice("server-b")
+
+	cp := policyObj(ns, "policy", func(s *v1alpha1.CachePolicySpec) { s.Eviction = "LFU" })
+	wantOK(t, "create policy", k8s.Create(ctx, cp))
+	for _, name := range []string{"server-a", "server-b"} {
+		waitServerTenant(t, servers[name], name, ns, func(g *policy.Tenant) bool { return g.HasPolicy && g.Eviction == policy.LFU })
+	}
+	waitPropagation(t, ctx, cp, "both pods acknowledged generation 1", func(p propagationView) error {
+		return p.want(v1alpha1.ReasonPropagated, map[string]int64{"server-a": 1, "server-b": 1})
+	})
+
+	// A third ready pod: pushed to as soon as its slice appears (the
+	// EndpointSlice watch), within one tick in any case.
+	start := time.Now()
+	addSlice("server-c")
+	deadline := start.Add(tick + 3*time.Second) // one tick plus slack (2 shared cores, race detector)
+	for !servers["server-c"].tenant(ns).HasPolicy {
+		if time.Now().After(deadline) {
+			t.Fatalf("server-c has no policy %s after its EndpointSlice appeared, want within one tick (%s)", time.Since(start), tick)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("new server pod got the policy %s after its EndpointSlice was created (tick %s)", time.Since(start).Round(time.Millisecond), tick)
+	waitPropagation(t, ctx, cp, "three pods", func(p propagationView) error {
+		return p.want(v1alpha1.ReasonPropagated, map[string]int64{"server-a": 1, "server-b": 1, "server-c": 1})
+	})
+
+	// server-b refuses: Propagated False with its error; a new generation
+	// reaches the others while server-b stays at the old one.
+	const refusal = "server-b is draining (test refusal)"
+	servers["server-b"].refuse.Store(ptr(refusal))
+	wantOK(t, "update policy", update(ctx, cp, func(cp *v1alpha1.CachePolicy) { cp.Spec.Eviction = "LRU" }))
+	for _, name := range []string{"server-a", "server-c"} {
+		waitServerTenant(t, servers[name], name, ns, func(g *policy.Tenant) bool { return g.HasPolicy && g.Eviction == policy.LRU })
+	}
+	waitPropagation(t, ctx, cp, "server-b refusing", func(p propagationView) error {
+		if err := p.want(v1alpha1.ReasonPartiallyPropagated, map[string]int64{"server-a": 2, "server-b": 1, "server-c": 2}); err != nil {
+			return err
+		}
+		if !strings.Contains(p.propagated.Message, refusal) || !strings.Contains(p.propagated.Message, "2 of 3") {
+			return fmt.Errorf("Propagated message %q does not carry the server's error", p.propagated.Message)
+		}
+		first := p.status.Propagation.Servers[0]
+		if first.Name != "server-b" || !strings.Contains(first.Error, refusal) || first.FailingSince == nil {
+			return fmt.Errorf("failing server not listed first with its error: %+v", first)
+		}
+		return nil
+	})
+	if g := servers["server-b"].tenant(ns); g.Eviction != policy.LFU {
+		t.Fatalf("refusing server applied the new policy: %+v", *g)
+	}
+	waitPolicyEvent(t, ctx, ns, cp.Name, corev1.EventTypeWarning, v1alpha1.ReasonPartiallyPropagated, refusal)
+
+	// server-b acknowledges again: Propagated True, every pod at generation 2.
+	servers["server-b"].refuse.Store(nil)
+	waitServerTenant(t, servers["server-b"], "server-b", ns, func(g *policy.Tenant) bool { return g.HasPolicy && g.Eviction == policy.LRU })
+	waitPropagation(t, ctx, cp, "server-b back", func(p propagationView) error {
+		return p.want(v1alpha1.ReasonPropagated, map[string]int64{"server-a": 2, "server-b": 2, "server-c": 2})
+	})
+	waitPolicyEvent(t, ctx, ns, cp.Name, corev1.EventTypeNormal, v1alpha1.ReasonPropagated, "all 3 ready server pods")
+
+	// Without EndpointSlices the controller pushes to the configured address
+	// again (srv), and says so.
+	wantOK(t, "delete EndpointSlices", k8s.DeleteAllOf(ctx, &discoveryv1.EndpointSlice{}, client.InNamespace(controllerNS),
+		client.MatchingLabels{discoveryv1.LabelManagedBy: fanoutManagedBy}))
+	waitTenant(t, ns, "fallback to the address", func(g *policy.Tenant) bool { return g.HasPolicy && g.Eviction == policy.LRU })
+	waitPropagation(t, ctx, cp, "fallback", func(p propagationView) error {
+		return p.want(v1alpha1.ReasonAddressAcknowledged, map[string]int64{srv.addr: 2})
+	})
+}
+
+// propagationView is a CachePolicy's status as the fan-out test checks it.
+type propagationView struct {
+	status     v1alpha1.CachePolicyStatus
+	generation int64
+	propagated metav1.Condition
+}
+
+// want checks that the policy is Accepted, Propagated has reason and the
+// current generation, and status.propagation lists exactly the servers of
+// gens, each at its pushed generation, acknowledged unless behind.
+func (p propagationView) want(reason string, gens map[string]int64) error {
+	acc := meta.FindStatusCondition(p.status.Conditions, v1alpha1.ConditionAccepted)
+	if acc == nil || acc.Status != metav1.ConditionTrue {
+		return fmt.Errorf("accepted condition %+v, want True", acc) // never expected while waiting: see waitPropagation
+	}
+	if p.propagated.Reason != reason || p.propagated.ObservedGeneration != p.generation {
+		return fmt.Errorf("propagated %+v, want reason %s at generation %d", p.propagated, reason, p.generation)
+	}
+	wantStatus := metav1.ConditionTrue
+	if reason == v1alpha1.ReasonPartiallyPropagated || reason == v1alpha1.ReasonPushFailed {
+		wantStatus = metav1.ConditionFalse
+	}
+	if p.propagated.Status != wantStatus {
+		return fmt.Errorf("propagated %+v, want status %s", p.propagated, wantStatus)
+	}
+	prop := p.status.Propagation
+	if prop == nil || int(prop.ReadyServers) != len(gens) || len(prop.Servers) != len(gens) {
+		return fmt.Errorf("propagation %+v, want %d servers", prop, len(gens))
+	}
+	acked := int32(0)
+	for _, s := range prop.Servers {
+		g, ok := gens[s.Name]
+		if !ok || s.PushedGeneration != g || s.AcknowledgedTime == nil {
+			return fmt.Errorf("server %+v, want one of %v", s, gens)
+		}
+		if (s.Error == "") != (g == p.generation) {
+			return fmt.Errorf("server %+v: error iff behind generation %d", s, p.generation)
+		}
+		if s.Error == "" {
+			acked++
+		}
+	}
+	if prop.AcknowledgedServers != acked {
+		return fmt.Errorf("acknowledgedServers %d, want %d", prop.AcknowledgedServers, acked)
+	}
+	return nil
+}
+
+// waitPropagation waits until check accepts the policy's status. Accepted
+// must be True on every read: a failed push never touches it.
+func waitPropagation(t *testing.T, ctx context.Context, cp *v1alpha1.CachePolicy, what string, check func(propagationView) error) {
+	t.Helper()
+	eventually(t, propagationLimit, func() error {
+		var got v1alpha1.CachePolicy
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(cp), &got); err != nil {
+			return err
+		}
+		if acc := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionAccepted); acc != nil && acc.Status != metav1.ConditionTrue {
+			t.Fatalf("%s: Accepted %+v, want True throughout", what, acc)
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionPropagated)
+		if c == nil {
+			return fmt.Errorf("%s: no Propagated condition in %+v", what, got.Status)
+		}
+		if err := check(propagationView{status: got.Status, generation: got.Generation, propagated: *c}); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	})
+}
+
+func waitServerTenant(t *testing.T, s *testServer, name, id string, ok func(*policy.Tenant) bool) {
+	t.Helper()
+	eventually(t, propagationLimit, func() error {
+		if got := s.tenant(id); !ok(got) {
+			return fmt.Errorf("%s has %+v for %q", name, *got, id)
+		}
+		return nil
+	})
+}
+
+func waitPolicyEvent(t *testing.T, ctx context.Context, ns, regarding, typ, reason, fragment string) {
+	t.Helper()
+	eventually(t, propagationLimit, func() error {
+		var evs eventsv1.EventList
+		if err := k8s.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == regarding && e.Type == typ && e.Reason == reason && strings.Contains(e.Note, fragment) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no %s %s event on %s/%s containing %q among %d events", typ, reason, ns, regarding, fragment, len(evs.Items))
+	})
+}
