@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,9 +46,7 @@ func applyRBAC(t *testing.T, ctx context.Context) {
 // ServiceAccount, with only the RBAC that account is granted.
 func asController(t *testing.T) client.Client {
 	t.Helper()
-	c := rest.CopyConfig(cfg)
-	c.Impersonate = rest.ImpersonationConfig{UserName: controllerUser}
-	cl, err := client.New(c, client.Options{Scheme: scheme})
+	cl, err := client.New(impersonated(cfg), client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,8 +93,18 @@ func TestControllerWritesUnderShippedRBAC(t *testing.T) {
 		t.Fatalf("SnapshotPoller pass as the controller: %v", err)
 	}
 
-	// The PolicyPropagator's writes: the Accepted condition (Update) and a
-	// Warning Event (create, then patch for a series).
+	// The PolicyPropagator's reads of the server Service's EndpointSlices
+	// (its cache lists and watches them in the server's namespace).
+	ww, err := client.NewWithWatch(impersonated(cfg), client.Options{Scheme: scheme})
+	wantOK(t, "watch client", err)
+	sel := client.MatchingLabels{discoveryv1.LabelServiceName: serverService}
+	wantOK(t, "EndpointSlice list as the controller", ww.List(ctx, &discoveryv1.EndpointSliceList{}, client.InNamespace(controllerNS), sel))
+	w, err := ww.Watch(ctx, &discoveryv1.EndpointSliceList{}, client.InNamespace(controllerNS), sel)
+	wantOK(t, "EndpointSlice watch as the controller", err)
+	w.Stop()
+
+	// The PolicyPropagator's writes: the Accepted and Propagated conditions
+	// (Update) and a Warning Event (create, then patch for a series).
 	wantOK(t, "get policy", k8s.Get(ctx, client.ObjectKeyFromObject(cp), cp))
 	cp.Status.ObservedGeneration = cp.Generation + 1 // any change
 	if err := sa.Status().Update(ctx, cp); err != nil && !apierrors.IsConflict(err) {
@@ -110,4 +119,11 @@ func TestControllerWritesUnderShippedRBAC(t *testing.T) {
 	wantOK(t, "event create as the controller", sa.Create(ctx, ev))
 	series := fmt.Sprintf(`{"series":{"count":2,"lastObservedTime":%q}}`, time.Now().UTC().Format("2006-01-02T15:04:05.000000Z"))
 	wantOK(t, "event patch as the controller", sa.Patch(ctx, ev, client.RawPatch(types.MergePatchType, []byte(series))))
+}
+
+// impersonated is a copy of c that acts as the controller's ServiceAccount.
+func impersonated(c *rest.Config) *rest.Config {
+	c = rest.CopyConfig(c)
+	c.Impersonate = rest.ImpersonationConfig{UserName: controllerUser}
+	return c
 }
