@@ -28,9 +28,14 @@ import (
 // label. A Role in the namespace the server runs in (the one of
 // operator/config), not a ClusterRole.
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=list;watch,namespace=inferencecache-system
+//
+// The server Service itself is read (get) on each pass to name the port the
+// server address targets.
+// +kubebuilder:rbac:groups="",resources=services,verbs=get,namespace=inferencecache-system
 
 // DefaultServerPortName is the name of the server Service's port of the
-// internal listener (/policy, :8081) in operator/config/server.
+// internal listener (/policy, :8081) in operator/config/server, used when
+// the Service cannot be read.
 const DefaultServerPortName = "internal"
 
 // maxConcurrentPushes bounds the /policy requests in flight in one pass.
@@ -52,11 +57,15 @@ type ServerDiscovery struct {
 	// Slices reads the EndpointSlices of Service; nil pushes to the
 	// configured address only.
 	Slices client.Reader
+	// Services reads the Service (a live reader: one get per pass); nil
+	// means PortName or DefaultServerPortName.
+	Services client.Reader
 	// Service is the server Service.
 	Service types.NamespacedName
 	// PortName is the name of the Service port, and so of the EndpointSlice
-	// port, of the server's internal listener; "" means
-	// DefaultServerPortName.
+	// port, of the server's internal listener. "" means the name of the
+	// Service's port whose number is the server address's port, or, when
+	// the Service cannot be read or has no such port, DefaultServerPortName.
 	PortName string
 }
 
@@ -96,12 +105,35 @@ func (d *ServerDiscovery) discover(ctx context.Context, base string) serverSet {
 	if len(list.Items) == 0 {
 		return fallback(fmt.Sprintf("Service %s has no EndpointSlice", nsName(d.Service)))
 	}
-	port := cmp.Or(d.PortName, DefaultServerPortName)
+	port := d.portName(ctx, u)
 	servers, ok := readyServers(list.Items, port, u.Scheme)
 	if !ok {
 		return fallback(fmt.Sprintf("no EndpointSlice of Service %s has a TCP port named %q", nsName(d.Service), port))
 	}
 	return serverSet{target: v1alpha1.PropagationTargetEndpointSlices, servers: servers}
+}
+
+// portName is the name of the EndpointSlice port to push to: PortName, or
+// the name of the server Service's port that the address u targets (its port
+// number, or 80 / 443 by scheme), or DefaultServerPortName.
+func (d *ServerDiscovery) portName(ctx context.Context, u *url.URL) string {
+	if d.PortName != "" || d.Services == nil {
+		return cmp.Or(d.PortName, DefaultServerPortName)
+	}
+	want := u.Port()
+	if want == "" {
+		want = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	var svc corev1.Service
+	if err := d.Services.Get(ctx, d.Service, &svc); err != nil {
+		return DefaultServerPortName
+	}
+	for _, p := range svc.Spec.Ports {
+		if fmt.Sprint(p.Port) == want && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) && p.Name != "" {
+			return p.Name
+		}
+	}
+	return DefaultServerPortName
 }
 
 // readyServers picks the servers from the EndpointSlices of the server

@@ -167,3 +167,38 @@ func TestDiscoverFallsBackToAddress(t *testing.T) {
 		})
 	}
 }
+
+func TestDiscoverPortNameFromService(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "sys", Name: "server"}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
+		{Name: "grpc", Port: 9090},
+		{Name: "udp-control", Port: 8081, Protocol: corev1.ProtocolUDP},
+		{Name: "control", Port: 8081, Protocol: corev1.ProtocolTCP},
+		{Name: "web", Port: 80},
+	}}}
+	ports := []discoveryv1.EndpointPort{port("control", 7001, ""), port("internal", 7002, ""), port("web", 7003, "")}
+	sc := discoveryScheme(t)
+	c := fake.NewClientBuilder().WithScheme(sc).WithObjects(svc,
+		ptr(slice("s", discoveryv1.AddressTypeIPv4, ports, endpoint("p", nil, "10.0.0.1")))).Build()
+	noService := fake.NewClientBuilder().WithScheme(sc).Build()
+	for _, tc := range []struct {
+		name, base, portName string
+		services             client.Reader
+		want                 string
+	}{
+		{"by the address's port", "http://server.sys.svc:8081", "", c, "10.0.0.1:7001"},
+		{"default http port", "http://server.sys.svc", "", c, "10.0.0.1:7003"},
+		{"explicit name", "http://server.sys.svc:8081", "internal", c, "10.0.0.1:7002"},
+		{"service not readable", "http://server.sys.svc:8081", "", noService, "10.0.0.1:7002"},
+		{"no such service port", "http://server.sys.svc:9999", "", c, "10.0.0.1:7002"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := ServerDiscovery{Slices: c, Services: tc.services, Service: nsKey("sys", "server"), PortName: tc.portName}
+			got := d.discover(ctx, tc.base)
+			if got.target != v1alpha1.PropagationTargetEndpointSlices || len(got.servers) != 1 || got.servers[0].Address != tc.want {
+				t.Fatalf("discover = %+v, want one server at %s", got, tc.want)
+			}
+		})
+	}
+}

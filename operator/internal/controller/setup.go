@@ -109,7 +109,9 @@ type Options struct {
 	// policy goes to Server.BaseURL only.
 	ServerService types.NamespacedName
 	// ServerPortName is the name of ServerService's port of the internal
-	// listener; default DefaultServerPortName.
+	// listener. Empty means the name of the Service's port that
+	// Server.BaseURL's port number targets (read on each pass), or
+	// DefaultServerPortName when the Service cannot be read.
 	ServerPortName string
 }
 
@@ -246,7 +248,7 @@ func serverSlices(mgr ctrl.Manager, o Options) (sliceWatch, error) {
 	if svc.Name == "" {
 		return sliceWatch{}, nil
 	}
-	d := ServerDiscovery{Service: svc, PortName: o.ServerPortName}
+	d := ServerDiscovery{Service: svc, PortName: o.ServerPortName, Services: mgr.GetAPIReader()}
 	log := mgr.GetLogger().WithValues("service", nsName(svc))
 	sel := client.MatchingLabels{discoveryv1.LabelServiceName: svc.Name}
 	ctx, cancel := context.WithTimeout(context.Background(), discoveryProbeTimeout)

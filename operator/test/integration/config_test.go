@@ -226,6 +226,8 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		// cache restricted to its namespace and label), to push to every
 		// ready server pod.
 		"Role discovery.k8s.io/endpointslices[]": {"list", "watch"},
+		// ... and the Service, to name the port the server address targets.
+		"Role services[]": {"get"},
 		// Leader election: the Lease (client-go LeaseLock: get, create,
 		// update) and its core/v1 Events.
 		"Role coordination.k8s.io/leases[]": {"create", "get", "update"},

@@ -62,7 +62,10 @@ const fanoutManagedBy = "propagation-fanout-test"
 // one tick of its slice appearing; a server refusing the push turns
 // Propagated False with its error (PartiallyPropagated, a Warning Event, its
 // pushedGeneration stays behind) and True again once it acknowledges (a
-// Normal Event); Accepted stays True throughout.
+// Normal Event); Accepted stays True throughout; without slices the push
+// goes back to the configured address. The slice port pushed to is the one
+// named like the Service port the address targets (not the default name),
+// and a not-ready endpoint gets nothing.
 func TestPropagationFanOut(t *testing.T) {
 	ctx := needEnv(t)
 	ns := namespace(t, ctx, "prop-fanout", false)
@@ -74,11 +77,21 @@ func TestPropagationFanOut(t *testing.T) {
 		t.Cleanup(s.stop)
 		servers[name] = s
 	}
+	// The Service's port that the controller's server address targets (srv's
+	// port number) is named "control", not the default "internal": the
+	// controller must take the slice port's name from the Service.
+	_, srvPort, err := net.SplitHostPort(srv.addr)
+	wantOK(t, "split address", err)
+	sp, err := strconv.Atoi(srvPort)
+	wantOK(t, "parse port", err)
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: controllerNS, Name: serverService},
 		Spec: corev1.ServiceSpec{
 			Selector: map[string]string{"app.kubernetes.io/name": serverService},
-			Ports:    []corev1.ServicePort{{Name: "internal", Port: 8081, TargetPort: intstr.FromString("internal")}},
+			Ports: []corev1.ServicePort{
+				{Name: "grpc", Port: 9090, TargetPort: intstr.FromString("grpc")},
+				{Name: "control", Port: int32(sp), TargetPort: intstr.FromString("control")},
+			},
 		},
 	}
 	wantOK(t, "create Service", k8s.Create(ctx, svc))
@@ -110,8 +123,10 @@ func TestPropagationFanOut(t *testing.T) {
 				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: controllerNS, Name: name},
 			}}, extra...),
 			Ports: []discoveryv1.EndpointPort{
-				{Name: ptr("grpc"), Port: ptr(int32(1)), Protocol: ptr(corev1.ProtocolTCP)}, // not the internal port: never pushed to
-				{Name: ptr("internal"), Port: ptr(int32(p)), Protocol: ptr(corev1.ProtocolTCP)},
+				// Not the port the Service maps the server address to: never pushed to.
+				{Name: ptr("grpc"), Port: ptr(int32(1)), Protocol: ptr(corev1.ProtocolTCP)},
+				{Name: ptr("internal"), Port: ptr(int32(2)), Protocol: ptr(corev1.ProtocolTCP)},
+				{Name: ptr("control"), Port: ptr(int32(p)), Protocol: ptr(corev1.ProtocolTCP)},
 			},
 		}
 		wantOK(t, "create EndpointSlice for "+name, k8s.Create(ctx, es))

@@ -102,6 +102,9 @@ func TestControllerWritesUnderShippedRBAC(t *testing.T) {
 	w, err := ww.Watch(ctx, &discoveryv1.EndpointSliceList{}, client.InNamespace(controllerNS), sel)
 	wantOK(t, "EndpointSlice watch as the controller", err)
 	w.Stop()
+	if err := sa.Get(ctx, types.NamespacedName{Namespace: controllerNS, Name: serverService}, &corev1.Service{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatalf("Service get as the controller: %v", err)
+	}
 
 	// The PolicyPropagator's writes: the Accepted and Propagated conditions
 	// (Update) and a Warning Event (create, then patch for a series).
