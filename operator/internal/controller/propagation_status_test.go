@@ -162,6 +162,8 @@ func TestPolicyPropagatorFanOut(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var refuse atomic.Bool // read by server 1's handler, set by the test
+	// got[i] is the last body server i accepted, stored by its handler, read
+	// by the test.
 	var got [3]atomic.Pointer[policy.Body]
 	var slices []client.Object
 	for i := range got {
