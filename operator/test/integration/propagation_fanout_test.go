@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,7 +63,8 @@ const fanoutManagedBy = "propagation-fanout-test"
 // one tick of its slice appearing; a server refusing the push turns
 // Propagated False with its error (PartiallyPropagated, a Warning Event, its
 // pushedGeneration stays behind) and True again once it acknowledges (a
-// Normal Event); Accepted stays True throughout; without slices the push
+// Normal Event); a server that is down likewise, and a restarted one gets
+// the policy again; Accepted stays True throughout; without slices the push
 // goes back to the configured address. The slice port pushed to is the one
 // named like the Service port the address targets (not the default name),
 // and a not-ready endpoint gets nothing.
@@ -150,7 +152,7 @@ func TestPropagationFanOut(t *testing.T) {
 	})
 
 	// A third ready pod: pushed to as soon as its slice appears (the
-	// EndpointSlice watch triggers a pass; measured 14-23 ms here), so well
+	// EndpointSlice watch triggers a pass; measured 14-36 ms here), so well
 	// within one tick. Without the watch the periodic pass would reach it
 	// after up to one tick.
 	start := time.Now()
@@ -201,6 +203,24 @@ func TestPropagationFanOut(t *testing.T) {
 	})
 	waitPolicyEvent(t, ctx, ns, cp.Name, corev1.EventTypeNormal, v1alpha1.ReasonPropagated, "all 3 ready server pods")
 
+	// server-c is down (its endpoint still listed ready): False with the
+	// transport error; back with an empty store, it is pushed to again.
+	servers["server-c"].stop()
+	waitPropagation(t, ctx, cp, "server-c down", func(p propagationView) error {
+		if err := p.want(v1alpha1.ReasonPartiallyPropagated, map[string]int64{"server-a": 2, "server-b": 2, "server-c": 2}, "server-c"); err != nil {
+			return err
+		}
+		if first := p.status.Propagation.Servers[0]; first.Name != "server-c" || !strings.Contains(first.Error, "connection refused") {
+			return fmt.Errorf("down server not listed first with its error: %+v", first)
+		}
+		return nil
+	})
+	wantOK(t, "restart server-c", servers["server-c"].restart())
+	waitServerTenant(t, servers["server-c"], "server-c", ns, func(g *policy.Tenant) bool { return g.HasPolicy && g.Eviction == policy.LRU })
+	waitPropagation(t, ctx, cp, "server-c back", func(p propagationView) error {
+		return p.want(v1alpha1.ReasonPropagated, map[string]int64{"server-a": 2, "server-b": 2, "server-c": 2})
+	})
+
 	// Without EndpointSlices the controller pushes to the configured address
 	// again (srv), and says so.
 	wantOK(t, "delete EndpointSlices", k8s.DeleteAllOf(ctx, &discoveryv1.EndpointSlice{}, client.InNamespace(controllerNS),
@@ -220,8 +240,9 @@ type propagationView struct {
 
 // want checks that the policy is Accepted, Propagated has reason and the
 // current generation, and status.propagation lists exactly the servers of
-// gens, each at its pushed generation, acknowledged unless behind.
-func (p propagationView) want(reason string, gens map[string]int64) error {
+// gens, each at its pushed generation, acknowledged unless behind or named
+// in failing.
+func (p propagationView) want(reason string, gens map[string]int64, failing ...string) error {
 	acc := meta.FindStatusCondition(p.status.Conditions, v1alpha1.ConditionAccepted)
 	if acc == nil || acc.Status != metav1.ConditionTrue {
 		return fmt.Errorf("accepted condition %+v, want True", acc) // never expected while waiting: see waitPropagation
@@ -246,8 +267,8 @@ func (p propagationView) want(reason string, gens map[string]int64) error {
 		if !ok || s.PushedGeneration != g || s.AcknowledgedTime == nil {
 			return fmt.Errorf("server %+v, want one of %v", s, gens)
 		}
-		if (s.Error == "") != (g == p.generation) {
-			return fmt.Errorf("server %+v: error iff behind generation %d", s, p.generation)
+		if (s.Error == "") != (g == p.generation && !slices.Contains(failing, s.Name)) {
+			return fmt.Errorf("server %+v: error iff behind generation %d or failing %v", s, p.generation, failing)
 		}
 		if s.Error == "" {
 			acked++
