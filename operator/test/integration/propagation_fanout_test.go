@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,11 +18,16 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/inferencecache/inferencecache/controlserver/auth"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/inferencecache/policy"
 )
 
@@ -327,4 +333,49 @@ func waitPolicyEvent(t *testing.T, ctx context.Context, ns, regarding, typ, reas
 		}
 		return fmt.Errorf("no %s %s event on %s/%s containing %q among %d events", typ, reason, ns, regarding, fragment, len(evs.Items))
 	})
+}
+
+// TestPropagationSlicesForbidden: a controller whose RBAC does not grant the
+// server Service's EndpointSlices (its Role is in another namespace) still
+// starts, and pushes to the configured address. (A watch of slices it may
+// not list would keep it from starting.)
+func TestPropagationSlicesForbidden(t *testing.T) {
+	ctx := needEnv(t)
+	applyRBAC(t, ctx) // the Role for EndpointSlices is in controllerNS, not in "elsewhere"
+	ns := namespace(t, ctx, "prop-forbidden", false)
+	wantOK(t, "create policy", k8s.Create(ctx, policyObj(ns, "policy", func(s *v1alpha1.CachePolicySpec) { s.Eviction = "LFU" })))
+
+	own := newTestServer(auth.ReviewerFromClientset(clientset))
+	wantOK(t, "start server", own.start())
+	t.Cleanup(own.stop)
+	mgr, err := ctrl.NewManager(impersonated(cfg), ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr(true)}, // the suite's manager runs controllers of the same names
+	})
+	wantOK(t, "manager", err)
+	wantOK(t, "setup", controller.Setup(mgr, controller.Options{
+		Server: &controller.ServerClient{
+			BaseURL:         "http://" + own.addr,
+			PolicyTokenPath: filepath.Join(tokenDir, "policy"),
+			HTTP:            &http.Client{Timeout: 2 * time.Second},
+		},
+		PushInterval:    tick,
+		DisableSnapshot: true,
+		ServerService:   types.NamespacedName{Namespace: "elsewhere", Name: serverService},
+	}))
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			wantOK(t, "manager", err)
+		case <-time.After(30 * time.Second):
+			t.Error("manager did not stop within 30 s")
+		}
+	}()
+	waitServerTenant(t, own, "the configured address", ns, func(g *policy.Tenant) bool { return g.HasPolicy && g.Eviction == policy.LFU })
 }
