@@ -66,7 +66,7 @@ const fanoutManagedBy = "propagation-fanout-test"
 // TestPropagationFanOut: with the server Service's EndpointSlices listing
 // two ready server pods (two real in-process servers on 127.0.0.1), both get
 // the policy and status.propagation lists each; a third pod gets it within
-// one tick of its slice appearing; a server refusing the push turns
+// half a tick of its slice appearing (the EndpointSlice watch); a server refusing the push turns
 // Propagated False with its error (PartiallyPropagated, a Warning Event, its
 // pushedGeneration stays behind) and True again once it acknowledges (a
 // Normal Event); a server that is down likewise, and a restarted one gets
@@ -158,17 +158,19 @@ func TestPropagationFanOut(t *testing.T) {
 	})
 
 	// A third ready pod: pushed to as soon as its slice appears (the
-	// EndpointSlice watch triggers a pass; measured 14-36 ms here), so well
-	// within one tick. Without the watch the periodic pass would reach it
-	// after up to one tick.
+	// EndpointSlice watch triggers a pass; measured 14-36 ms here). The slice
+	// is created just after a periodic pass pushed to server-a, so the next
+	// periodic pass is about a tick away: without the watch server-c would
+	// wait that long, which the bound of half a tick tells apart.
+	waitNextPush(t, servers["server-a"], tick+3*time.Second)
 	start := time.Now()
 	addSlice("server-c")
-	deadline := start.Add(tick)
+	deadline := start.Add(tick / 2)
 	for !servers["server-c"].tenant(ns).HasPolicy {
 		if time.Now().After(deadline) {
-			t.Fatalf("server-c has no policy %s after its EndpointSlice appeared, want within one tick (%s)", time.Since(start), tick)
+			t.Fatalf("server-c has no policy %s after its EndpointSlice appeared, want within half a tick (%s): the EndpointSlice watch should trigger a pass", time.Since(start), tick/2)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
 	t.Logf("new server pod got the policy %s after its EndpointSlice was created (tick %s)", time.Since(start).Round(time.Millisecond), tick)
 	waitPropagation(t, ctx, cp, "three pods", func(p propagationView) error {
@@ -307,6 +309,20 @@ func waitPropagation(t *testing.T, ctx context.Context, cp *v1alpha1.CachePolicy
 		}
 		return nil
 	})
+}
+
+// waitNextPush returns as soon as s acknowledges another push, polling
+// every millisecond for at most limit.
+func waitNextPush(t *testing.T, s *testServer, limit time.Duration) {
+	t.Helper()
+	before := s.pushes.Load()
+	deadline := time.Now().Add(limit)
+	for s.pushes.Load() == before {
+		if time.Now().After(deadline) {
+			t.Fatalf("no push within %s", limit)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func waitServerTenant(t *testing.T, s *testServer, name, id string, ok func(*policy.Tenant) bool) {
