@@ -66,14 +66,15 @@ const fanoutManagedBy = "propagation-fanout-test"
 // TestPropagationFanOut: with the server Service's EndpointSlices listing
 // two ready server pods (two real in-process servers on 127.0.0.1), both get
 // the policy and status.propagation lists each; a third pod gets it within
-// half a tick of its slice appearing (the EndpointSlice watch); a server refusing the push turns
-// Propagated False with its error (PartiallyPropagated, a Warning Event, its
-// pushedGeneration stays behind) and True again once it acknowledges (a
-// Normal Event); a server that is down likewise, and a restarted one gets
-// the policy again; Accepted stays True throughout; without slices the push
-// goes back to the configured address. The slice port pushed to is the one
-// named like the Service port the address targets (not the default name),
-// and a not-ready endpoint gets nothing.
+// half a tick of its slice appearing (the EndpointSlice watch); a server
+// refusing the push turns Propagated False with its error
+// (PartiallyPropagated, a Warning Event, its pushedGeneration stays behind)
+// and True again once it acknowledges (a Normal Event); a server that is down
+// likewise, and a restarted one gets the policy again; Accepted stays True
+// throughout; without slices the push goes back to the configured address.
+// The slice port pushed to is the one named like the Service port the
+// address targets (not the default name), and a not-ready endpoint gets
+// nothing.
 func TestPropagationFanOut(t *testing.T) {
 	ctx := needEnv(t)
 	ns := namespace(t, ctx, "prop-fanout", false)
