@@ -16,7 +16,7 @@ import (
 
 func main() {
 	var o manager.Options
-	flag.StringVar(&o.ServerAddress, "server-address", "http://inferencecache-server.inferencecache-system.svc:8081", "Internal (:8081) address of the routing server.")
+	flag.StringVar(&o.ServerAddress, "server-address", "http://inferencecache-server.inferencecache-system.svc:8081", "Internal (:8081) address of the routing server. When it names a Service (NAME.NAMESPACE.svc) the policy is pushed to every ready pod of its EndpointSlices, else to this address; /snapshot is read here.")
 	flag.StringVar(&o.PolicyTokenPath, "policy-token-path", "/var/run/secrets/inferencecache.io/policy-token/token", "File of the projected token with audience inferencecache.io/policy, sent to /policy (re-read on every push). Empty sends none.")
 	flag.StringVar(&o.ControllerTokenPath, "controller-token-path", "/var/run/secrets/inferencecache.io/controller-token/token", "File of the projected token with audience inferencecache.io/controller, sent to /snapshot (re-read on every poll). Empty sends none.")
 	flag.DurationVar(&o.PushInterval, "push-interval", manager.DefaultInterval, "Period of the full policy re-push.")
