@@ -129,8 +129,8 @@ func (d *ServerDiscovery) portName(ctx context.Context, u *url.URL) string {
 		return DefaultServerPortName
 	}
 	for _, p := range svc.Spec.Ports {
-		if fmt.Sprint(p.Port) == want && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) && p.Name != "" {
-			return p.Name
+		if fmt.Sprint(p.Port) == want && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) {
+			return p.Name // "" for the only port of a single-port Service, as in its slices
 		}
 	}
 	return DefaultServerPortName

@@ -182,19 +182,24 @@ func TestDiscoverPortNameFromService(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(sc).WithObjects(svc,
 		ptr(slice("s", discoveryv1.AddressTypeIPv4, ports, endpoint("p", nil, "10.0.0.1")))).Build()
 	noService := fake.NewClientBuilder().WithScheme(sc).Build()
+	single := fake.NewClientBuilder().WithScheme(sc).WithObjects(&corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "sys", Name: "server"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 8081}}},
+	}, ptr(slice("s", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{port("", 7000, "")}, endpoint("p", nil, "10.0.0.1")))).Build()
 	for _, tc := range []struct {
 		name, base, portName string
-		services             client.Reader
+		slices, services     client.Reader
 		want                 string
 	}{
-		{"by the address's port", "http://server.sys.svc:8081", "", c, "10.0.0.1:7001"},
-		{"default http port", "http://server.sys.svc", "", c, "10.0.0.1:7003"},
-		{"explicit name", "http://server.sys.svc:8081", "internal", c, "10.0.0.1:7002"},
-		{"service not readable", "http://server.sys.svc:8081", "", noService, "10.0.0.1:7002"},
-		{"no such service port", "http://server.sys.svc:9999", "", c, "10.0.0.1:7002"},
+		{"single unnamed port", "http://server.sys.svc:8081", "", single, single, "10.0.0.1:7000"},
+		{"by the address's port", "http://server.sys.svc:8081", "", c, c, "10.0.0.1:7001"},
+		{"default http port", "http://server.sys.svc", "", c, c, "10.0.0.1:7003"},
+		{"explicit name", "http://server.sys.svc:8081", "internal", c, c, "10.0.0.1:7002"},
+		{"service not readable", "http://server.sys.svc:8081", "", c, noService, "10.0.0.1:7002"},
+		{"no such service port", "http://server.sys.svc:9999", "", c, c, "10.0.0.1:7002"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := ServerDiscovery{Slices: c, Services: tc.services, Service: nsKey("sys", "server"), PortName: tc.portName}
+			d := ServerDiscovery{Slices: tc.slices, Services: tc.services, Service: nsKey("sys", "server"), PortName: tc.portName}
 			got := d.discover(ctx, tc.base)
 			if got.target != v1alpha1.PropagationTargetEndpointSlices || len(got.servers) != 1 || got.servers[0].Address != tc.want {
 				t.Fatalf("discover = %+v, want one server at %s", got, tc.want)
