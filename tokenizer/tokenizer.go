@@ -194,10 +194,10 @@ func (t *Tokenizer) encodeNormalized(ctx context.Context, dst []uint32, s string
 // ---- added tokens ----
 
 type addedToken struct {
-	id                                 uint32
-	content                            string
-	special, normalized                bool
-	lstrip, rstrip, singleWord         bool
+	id                         uint32
+	content                    string
+	special, normalized        bool
+	lstrip, rstrip, singleWord bool
 }
 
 type addedVocab struct {
