@@ -96,6 +96,10 @@ function gz(file, obj) {
   fs.writeFileSync(path.join(outDir, file), zlib.gzipSync(Buffer.from(JSON.stringify(obj)), { level: 9 }));
 }
 
+// e2ePrompt is the prompt of the end-to-end test (kvevents): a few hundred
+// tokens of mixed text.
+const e2ePrompt = "You are helping me plan a trip. " + corpus.slice(11, 60).join(" ") + "\nWhat should I pack?";
+
 fs.mkdirSync(outDir, { recursive: true });
 gz("corpus.json.gz", corpus);
 const big = bigText(corpus);
@@ -112,17 +116,25 @@ for (const model of fs.readdirSync(modelsDir).sort()) {
   const b = Buffer.alloc(4 * bigIDs.length);
   bigIDs.forEach((v, i) => b.writeUInt32LE(v, 4 * i));
   h.update(b);
+  // chat: what an engine renders and tokenizes for one user message, for
+  // the first 120 corpus texts and the end-to-end prompt (last). Where
+  // @lenml/tokenizers cannot render the model's template (Qwen 3's needs
+  // [::-1]), the documented ChatML form is tokenized instead (rendered is
+  // then left empty, so only the ids are compared).
   const chat = [];
   let renderError = "";
-  for (const text of corpus.slice(0, 120)) {
+  for (const text of corpus.slice(0, 120).concat([e2ePrompt])) {
+    let rendered = "", chatIDs;
     try {
-      const rendered = tok.apply_chat_template([{ role: "user", content: text }], { add_generation_prompt: true, tokenize: false });
-      chat.push({ text, rendered });
+      rendered = tok.apply_chat_template([{ role: "user", content: text }], { add_generation_prompt: true, tokenize: false });
+      chatIDs = enc(rendered);
     } catch (e) {
       renderError = String(e.message || e).slice(0, 200);
-      break;
+      if (model !== "qwen3") break;
+      chatIDs = enc("<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n");
     }
+    chat.push({ text, rendered, ids: chatIDs });
   }
-  gz(`${model}.json.gz`, { model, ids, big: { tokens: bigIDs.length, sha256: h.digest("hex") }, chat, renderError });
+  gz(`${model}.json.gz`, { model, ids, big: { tokens: bigIDs.length, sha256: h.digest("hex") }, chat, renderError, e2ePrompt });
   console.error(`[tokenizer-golden] ${model}: ${corpus.length} texts, big ${bigIDs.length} tokens, ${chat.length} renderings${renderError ? " (render error: " + renderError + ")" : ""}`);
 }
