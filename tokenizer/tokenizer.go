@@ -207,6 +207,9 @@ type addedVocab struct {
 	byFirst       [2][256][]int
 	hasNormalized bool
 	has           [2]bool
+	// onlyFirst[p] is the one first byte of every token of pass p when
+	// they share it (e.g. '<'), for a strings.IndexByte scan; -1 otherwise.
+	onlyFirst [2]int
 }
 
 // segment is a piece of text: an added token (id >= 0) or text to encode.
@@ -238,6 +241,20 @@ func (a *addedVocab) build(toks []addedTokenJSON) error {
 		a.byFirst[pass][b] = append(a.byFirst[pass][b], i)
 	}
 	for p := range a.byFirst {
+		a.onlyFirst[p] = -1
+		for b := range a.byFirst[p] {
+			if len(a.byFirst[p][b]) == 0 {
+				continue
+			}
+			if a.onlyFirst[p] == -1 {
+				a.onlyFirst[p] = b
+			} else {
+				a.onlyFirst[p] = -2
+			}
+		}
+		if a.onlyFirst[p] < 0 {
+			a.onlyFirst[p] = -1
+		}
 		for b := range a.byFirst[p] {
 			l := a.byFirst[p][b]
 			// insertion sort, longest first (stable for equal lengths)
@@ -263,8 +280,16 @@ func (a *addedVocab) split(dst []segment, s string, normalizedPass bool) []segme
 		return append(dst, segment{0, len(s), -1})
 	}
 	idx := &a.byFirst[pass]
+	only := a.onlyFirst[pass]
 	startOffset := 0
 	for pos := 0; pos < len(s); {
+		if only >= 0 {
+			i := strings.IndexByte(s[pos:], byte(only))
+			if i < 0 {
+				break
+			}
+			pos += i
+		}
 		cands := idx[s[pos]]
 		if len(cands) == 0 {
 			pos++
