@@ -183,3 +183,19 @@ func TestErrors(t *testing.T) {
 		t.Errorf("raise_exception: %v", err)
 	}
 }
+
+// FuzzParse: any tokenizer_config.json either fails to parse or renders
+// any text without panicking (RenderUser turns engine panics into errors).
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(`{"chat_template": "{{ bos_token }}{{ messages[0].content }}", "bos_token": "<s>"}`), "hi")
+	f.Fuzz(func(t *testing.T, config []byte, text string) {
+		if len(config) > 4096 {
+			return
+		}
+		tp, err := Parse(config)
+		if err != nil {
+			return
+		}
+		_, _ = tp.RenderUser(text)
+	})
+}

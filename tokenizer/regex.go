@@ -34,13 +34,7 @@ type class struct {
 
 type runeRange struct{ lo, hi rune }
 
-func (c *class) contains(r rune) bool {
-	if r < 128 {
-		return c.ascii[r>>6]&(1<<(uint(r)&63)) != 0
-	}
-	return c.slowContains(r)
-}
-
+// slowContains reports whether r is a member, without the ASCII bitmap.
 func (c *class) slowContains(r rune) bool {
 	in := false
 	for _, rr := range c.ranges {
@@ -268,6 +262,9 @@ func (p *parser) parseQuant(atom *node) (*node, error) {
 		}
 		if atom.kind == nLook || atom.kind == nBegin || atom.kind == nEnd {
 			return nil, fmt.Errorf("quantifier on a zero-width assertion")
+		}
+		if atom.kind == nRepeat {
+			return nil, fmt.Errorf("nested quantifier at %d", p.pos)
 		}
 		lazy := false
 		if p.more() && p.peek() == '?' {

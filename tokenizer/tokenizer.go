@@ -78,7 +78,7 @@ func Load(data []byte) (*Tokenizer, error) {
 	if t.model, err = buildBPE(f.Model, byteLevel); err != nil {
 		return nil, err
 	}
-	if err := t.added.build(f.AddedTokens); err != nil {
+	if err := t.added.build(f.AddedTokens, t.norm); err != nil {
 		return nil, err
 	}
 	t.vocabSize = len(t.model.rawVocab)
@@ -194,8 +194,11 @@ func (t *Tokenizer) encodeNormalized(ctx context.Context, dst []uint32, s string
 // ---- added tokens ----
 
 type addedToken struct {
-	id                         uint32
-	content                    string
+	id      uint32
+	content string
+	// match is what the text is matched against: content, normalized for
+	// normalized tokens.
+	match                      string
 	special, normalized        bool
 	lstrip, rstrip, singleWord bool
 }
@@ -218,15 +221,22 @@ type segment struct {
 	id         int64
 }
 
-func (a *addedVocab) build(toks []addedTokenJSON) error {
+func (a *addedVocab) build(toks []addedTokenJSON, norm normalizer) error {
 	for _, tj := range toks {
 		if tj.Content == "" {
 			return fmt.Errorf("cannot load added token %d: empty content", tj.ID)
 		}
 		a.tokens = append(a.tokens, addedToken{
-			id: tj.ID, content: tj.Content, special: tj.Special, normalized: tj.Normalized,
+			id: tj.ID, content: tj.Content, match: tj.Content, special: tj.Special, normalized: tj.Normalized,
 			lstrip: tj.LStrip, rstrip: tj.RStrip, singleWord: tj.SingleWord,
 		})
+		// A normalized token is matched in normalized text by its
+		// normalized content, as Hugging Face builds its second trie.
+		if tok := &a.tokens[len(a.tokens)-1]; tok.normalized && norm != nil {
+			if tok.match = norm.normalize(tok.content); tok.match == "" {
+				return fmt.Errorf("cannot load added token %d: empty once normalized", tj.ID)
+			}
+		}
 	}
 	for i, tok := range a.tokens {
 		pass := 0
@@ -237,7 +247,7 @@ func (a *addedVocab) build(toks []addedTokenJSON) error {
 			a.hasNormalized = true
 		}
 		a.has[pass] = true
-		b := tok.content[0]
+		b := tok.match[0]
 		a.byFirst[pass][b] = append(a.byFirst[pass][b], i)
 	}
 	for p := range a.byFirst {
@@ -259,7 +269,7 @@ func (a *addedVocab) build(toks []addedTokenJSON) error {
 			l := a.byFirst[p][b]
 			// insertion sort, longest first (stable for equal lengths)
 			for i := 1; i < len(l); i++ {
-				for j := i; j > 0 && len(a.tokens[l[j]].content) > len(a.tokens[l[j-1]].content); j-- {
+				for j := i; j > 0 && len(a.tokens[l[j]].match) > len(a.tokens[l[j-1]].match); j-- {
 					l[j], l[j-1] = l[j-1], l[j]
 				}
 			}
@@ -297,7 +307,7 @@ func (a *addedVocab) split(dst []segment, s string, normalizedPass bool) []segme
 		}
 		best := -1
 		for _, c := range cands {
-			if strings.HasPrefix(s[pos:], a.tokens[c].content) {
+			if strings.HasPrefix(s[pos:], a.tokens[c].match) {
 				best = c
 				break
 			}
@@ -307,7 +317,7 @@ func (a *addedVocab) split(dst []segment, s string, normalizedPass bool) []segme
 			continue
 		}
 		tok := &a.tokens[best]
-		start, stop := pos, pos+len(tok.content)
+		start, stop := pos, pos+len(tok.match)
 		pos = stop
 		if tok.singleWord {
 			if (start > 0 && endsWithWord(s[:start])) || (stop < len(s) && startsWithWord(s[stop:])) {
