@@ -146,6 +146,9 @@ func CompileRegex(pattern string) (*Regex, error) {
 	pr := &prog{}
 	c := compiler{prog: pr}
 	c.emit(n)
+	if c.size > maxProgSize {
+		return nil, fmt.Errorf("cannot compile regex %q: program over %d instructions", pattern, maxProgSize)
+	}
 	pr.insts = append(pr.insts, inst{op: opMatch})
 	return &Regex{src: pattern, prog: pr}, nil
 }
@@ -513,16 +516,28 @@ func (p *parser) parseClass() (*class, error) {
 	return c, nil
 }
 
-type compiler struct{ prog *prog }
+// maxProgSize bounds a compiled pattern (counted repeats are expanded).
+const maxProgSize = 1 << 16
+
+type compiler struct {
+	prog *prog
+	// size counts instructions across the program and its lookaheads;
+	// emitting stops growing once it passes maxProgSize.
+	size int
+}
 
 func (c *compiler) pc() int { return len(c.prog.insts) }
 
 func (c *compiler) add(i inst) int {
+	c.size++
 	c.prog.insts = append(c.prog.insts, i)
 	return len(c.prog.insts) - 1
 }
 
 func (c *compiler) emit(n *node) {
+	if c.size > maxProgSize {
+		return
+	}
 	switch n.kind {
 	case nEmpty:
 	case nClass:
@@ -554,8 +569,9 @@ func (c *compiler) emit(n *node) {
 		}
 	case nLook:
 		sub := &prog{}
-		sc := compiler{prog: sub}
+		sc := compiler{prog: sub, size: c.size}
 		sc.emit(n.subs[0])
+		c.size = sc.size
 		sub.insts = append(sub.insts, inst{op: opMatch})
 		c.prog.looks = append(c.prog.looks, look{prog: sub, negate: n.negate})
 		c.add(inst{op: opLook, arg: len(c.prog.looks) - 1})

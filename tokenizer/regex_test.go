@@ -55,7 +55,7 @@ func TestRegex(t *testing.T) {
 }
 
 func TestRegexErrors(t *testing.T) {
-	for _, p := range []string{`(`, `)`, `[a`, `a{2`, `\p{Nope}`, `(?<n>a)`, `*a`, `a**`, `a++`, `\`, `[z-a]`, `(?=a)*`, `\q`, `a{3,2}`, `a{99999}`} {
+	for _, p := range []string{`(`, `)`, `[a`, `a{2`, `\p{Nope}`, `(?<n>a)`, `*a`, `a**`, `a++`, `\`, `[z-a]`, `(?=a)*`, `\q`, `a{3,2}`, `a{99999}`, `(ab{1000}){1000}`} {
 		if _, err := CompileRegex(p); err == nil {
 			t.Errorf("%q compiled", p)
 		}
