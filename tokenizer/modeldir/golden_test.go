@@ -54,13 +54,23 @@ func TestGoldenPrompts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, model := range []string{"llama3", "qwen3", "deepseek_v3"} {
+	models, every := []string{"llama3", "qwen3", "deepseek_v3"}, 1
+	if raceEnabled {
+		// A model load takes seconds under the race detector; the full
+		// check runs without it (make test runs both).
+		models, every = []string{"llama3"}, 4
+	}
+	for _, model := range models {
 		g := readGolden(t, model)
 		if len(g.Chat) < 100 {
 			t.Fatalf("%s: %d golden prompts", model, len(g.Chat))
 		}
-		match := 0
-		for _, c := range g.Chat {
+		match, total := 0, 0
+		for i, c := range g.Chat {
+			if i%every != 0 {
+				continue
+			}
+			total++
 			got, err := d.Encode(context.Background(), model, c.Text)
 			if err != nil {
 				t.Fatalf("%s: %v", model, err)
@@ -71,6 +81,6 @@ func TestGoldenPrompts(t *testing.T) {
 			}
 			match++
 		}
-		t.Logf("%s: %d/%d prompts match", model, match, len(g.Chat))
+		t.Logf("%s: %d/%d prompts match", model, match, total)
 	}
 }
