@@ -24,9 +24,13 @@ run: ## Main job: start the server on embedded defaults, run a short load, print
 	$(GO) run ./cmd/demo
 
 .PHONY: test
-test: ## Run every test with -race (installs protoc and the envtest binaries when missing).
+test: ## Run every test with -race, and the full tokenizer golden checks without it (installs the envtest binaries and the reference tokenizers when missing).
 	@assets=$$(bash hack/envtest-assets.sh) && \
 	echo "envtest assets: $$assets" && \
+	tokenizers=$$(bash hack/tokenizer-assets.sh) && \
+	echo "tokenizer assets: $$tokenizers" && \
+	TOKENIZER_ASSETS=$$tokenizers $(GO) test -count=1 -run 'Golden|E2EPromptText' ./tokenizer/... ./kvevents/ && \
+	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 
@@ -51,6 +55,10 @@ proto: ## Regenerate the gRPC Go code from rpc/proto.
 .PHONY: manifests
 manifests: ## Regenerate CRDs and deepcopy code with controller-gen.
 	bash hack/manifests.sh
+
+.PHONY: tokenizer-golden
+tokenizer-golden: ## Regenerate tokenizer/testdata/golden from @lenml/tokenizers (npm).
+	bash hack/tokenizer-golden.sh
 
 .PHONY: envtest
 envtest: ## Build (or reuse) the envtest binaries and print their folder.

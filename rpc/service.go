@@ -97,8 +97,8 @@ type LookupObserver interface {
 
 // Tokenizer turns prompt_text into token ids for a model: the text wrapped
 // as one user chat message with the generation prompt appended. Encode must
-// honor ctx. No implementation ships yet; without one, a prompt_text lookup
-// fails open to NO_HINT.
+// honor ctx. tokenizer/modeldir implements it (--tokenizer-dir); without
+// one, a prompt_text lookup fails open to NO_HINT.
 type Tokenizer interface {
 	Encode(ctx context.Context, model, text string) ([]uint32, error)
 }

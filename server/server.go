@@ -53,6 +53,7 @@ import (
 	"github.com/inferencecache/inferencecache/rpc"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/servermetrics"
+	"github.com/inferencecache/inferencecache/tokenizer/modeldir"
 )
 
 // Defaults (contract §4.1, §6).
@@ -85,6 +86,14 @@ type Config struct {
 	MaxIndexEntries, MaxIndexBytes int64
 	// EngineBlockSize is the block size token_ids are fingerprinted at.
 	EngineBlockSize int
+	// TokenizerDir serves prompt_text (--tokenizer-dir): model M's
+	// tokenizer.json and tokenizer_config.json are read from TokenizerDir/M/
+	// on first use (tokenizer/modeldir). Empty: no tokenizer, prompt_text
+	// fails open to NO_HINT.
+	TokenizerDir string
+	// TokenizerRetryAfter is how long a model's failed tokenizer load is
+	// remembered; 0 means modeldir.DefaultRetryAfter.
+	TokenizerRetryAfter time.Duration
 	// SweepInterval is the TTL sweep period.
 	SweepInterval time.Duration
 	// Load configures load-aware routing (docs/routing.md); Enabled false
@@ -240,6 +249,19 @@ func New(cfg Config) (*Server, error) {
 	s.metrics.RegisterIndex(s.engine.Memory)
 	s.metrics.RegisterLoads(s.engine.Loads)
 	s.metrics.DeclareDropReasons(rpc.DropReasons...)
+	var tok rpc.Tokenizer
+	if cfg.TokenizerDir != "" {
+		dir, err := modeldir.New(modeldir.Config{
+			Root:       cfg.TokenizerDir,
+			Observer:   s.metrics.RegisterTokenizer(modeldir.Reasons...),
+			RetryAfter: cfg.TokenizerRetryAfter,
+			Logger:     log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: --tokenizer-dir: %w", ErrInvalidConfig, err)
+		}
+		tok = dir
+	}
 	var idx rpc.Index = s.engine
 	if cfg.WrapIndex != nil {
 		idx = cfg.WrapIndex(idx)
@@ -250,6 +272,7 @@ func New(cfg Config) (*Server, error) {
 		Observer:  s.metrics,
 		Drops:     s.metrics,
 		BlockSize: cfg.EngineBlockSize,
+		Tokenizer: tok,
 		Logger:    log,
 
 		InstanceID:   id,
@@ -527,7 +550,7 @@ func (s *Server) Run(ctx context.Context) error {
 	close(s.readyCh)
 	s.log.Info("inferencecache server serving", "instance", s.instanceID, "grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(),
 		"internal", s.InternalAddr().String(), "tls", s.tls, "max_index_entries", s.cfg.MaxIndexEntries,
-		"max_index_bytes", s.cfg.MaxIndexBytes, "engine_block_size", s.cfg.EngineBlockSize)
+		"max_index_bytes", s.cfg.MaxIndexBytes, "engine_block_size", s.cfg.EngineBlockSize, "tokenizer_dir", s.cfg.TokenizerDir)
 
 	var runErr error
 	select {

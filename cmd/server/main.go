@@ -19,6 +19,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/rpc"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/tokenizer/modeldir"
 )
 
 func main() {
@@ -45,6 +46,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.Int64Var(&cfg.MaxIndexEntries, "max-index-entries", cfg.MaxIndexEntries, "cap on replica x prefix entries (0 = unbounded)")
 	fs.Int64Var(&cfg.MaxIndexBytes, "max-index-bytes", 0, "cap on the index's accounted memory in bytes (0 = none)")
 	fs.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "engine KV block size in tokens, for fingerprinting token_ids")
+	fs.StringVar(&cfg.TokenizerDir, "tokenizer-dir", "", "folder of the models' tokenizers for prompt_text: model M's tokenizer.json and tokenizer_config.json are read from DIR/M/ on first use (empty: prompt_text fails open to NO_HINT)")
+	fs.DurationVar(&cfg.TokenizerRetryAfter, "tokenizer-retry-after", modeldir.DefaultRetryAfter, "how long a model whose tokenizer failed to load fails open before the next load attempt")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", cfg.SweepInterval, "TTL sweep period")
 	fs.BoolVar(&cfg.Load.Enabled, "load-aware-routing", cfg.Load.Enabled, "rank by estimated time to first token when replicas report load (false: the contract's ranking exactly)")
 	fs.Float64Var(&cfg.Load.Bound, "load-bound", cfg.Load.Bound, "bounded-load factor c: a replica with more requests in flight than max(c x mean + 2 x sqrt(mean), --load-min-queue) is overloaded")

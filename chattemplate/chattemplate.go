@@ -1,0 +1,149 @@
+// Package chattemplate renders the chat template of a Hugging Face
+// tokenizer_config.json (a Jinja template) for one user message with the
+// generation prompt appended: what an engine's chat endpoint renders before
+// it tokenizes a single-turn prompt. Rendering uses
+// github.com/ardanlabs/jinja, a pure-Go Jinja engine built for chat
+// templates (namespace, raise_exception, strftime_now, tojson, loop
+// variables, string methods).
+//
+// The template sees messages (one {"role": "user", "content": text}),
+// add_generation_prompt=true and the special tokens of the config
+// (bos_token, eos_token, unk_token, pad_token) as strings; tools, documents
+// and the like are undefined. A template that needs more fails to render
+// with an error; callers fail open.
+package chattemplate
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// ErrNoTemplate means tokenizer_config.json has no chat_template.
+var ErrNoTemplate = errors.New("chattemplate: tokenizer_config.json has no chat_template")
+
+// Template is a compiled chat template; safe for concurrent use.
+type Template struct {
+	tmpl *jinja.Template
+	// vars are the config's special tokens, passed to every render.
+	vars map[string]string
+}
+
+type configJSON struct {
+	ChatTemplate json.RawMessage `json:"chat_template"`
+	BOS          json.RawMessage `json:"bos_token"`
+	EOS          json.RawMessage `json:"eos_token"`
+	UNK          json.RawMessage `json:"unk_token"`
+	PAD          json.RawMessage `json:"pad_token"`
+}
+
+// Parse reads a tokenizer_config.json and compiles its chat_template (a
+// string, or a list of named templates of which "default" is used).
+func Parse(config []byte) (*Template, error) {
+	var c configJSON
+	if err := json.Unmarshal(config, &c); err != nil {
+		return nil, fmt.Errorf("cannot parse tokenizer_config.json: %w", err)
+	}
+	src, err := templateSource(c.ChatTemplate)
+	if err != nil {
+		return nil, err
+	}
+	t := &Template{vars: map[string]string{}}
+	for name, raw := range map[string]json.RawMessage{"bos_token": c.BOS, "eos_token": c.EOS, "unk_token": c.UNK, "pad_token": c.PAD} {
+		if s, ok := tokenString(raw); ok {
+			t.vars[name] = s
+		}
+	}
+	if t.tmpl, err = compile(src); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// compile wraps jinja.Compile: a template the engine cannot parse is an
+// error, even if the engine panics on it.
+func compile(src string) (tmpl *jinja.Template, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("cannot compile chat_template: %v", r)
+		}
+	}()
+	tmpl, err = jinja.Compile(src)
+	if err != nil {
+		return nil, fmt.Errorf("cannot compile chat_template: %w", err)
+	}
+	return tmpl, nil
+}
+
+func templateSource(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", ErrNoTemplate
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		if s == "" {
+			return "", ErrNoTemplate
+		}
+		return s, nil
+	}
+	var named []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil {
+		return "", fmt.Errorf("cannot parse chat_template: want a string or a list of {name, template}")
+	}
+	for _, n := range named {
+		if n.Name == "default" && n.Template != "" {
+			return n.Template, nil
+		}
+	}
+	return "", ErrNoTemplate
+}
+
+// tokenString reads a special token given as a string or as an AddedToken
+// object ({"content": ...}).
+func tokenString(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", false
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, true
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &obj); err == nil && obj.Content != nil {
+		return *obj.Content, true
+	}
+	return "", false
+}
+
+// RenderUser renders text as the one user message of a conversation, with
+// the generation prompt.
+func (t *Template) RenderUser(text string) (out string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = "", fmt.Errorf("cannot render chat_template: %v", r)
+		}
+	}()
+	data := make(map[string]jinja.Value, len(t.vars)+2)
+	for k, v := range t.vars {
+		data[k] = jinja.NewString(v)
+	}
+	// An ordered dict, role first: tojson writes keys in insertion order,
+	// as Python does for the engine's {"role": ..., "content": ...}.
+	msg := jinja.NewDict()
+	msg.AsDict().Set("role", jinja.NewString("user"))
+	msg.AsDict().Set("content", jinja.NewString(text))
+	data["messages"] = jinja.NewList([]jinja.Value{msg})
+	data["add_generation_prompt"] = jinja.NewBool(true)
+	out, err = t.tmpl.RenderValues(data)
+	if err != nil {
+		return "", fmt.Errorf("cannot render chat_template: %w", err)
+	}
+	return out, nil
+}
