@@ -32,9 +32,16 @@ import (
 // bad producer clock cannot make entries outlive the TTL. The response
 // header carries the server's instance id (InstanceIDHeader).
 func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServer) error {
+	var msg pb.CacheStateUpdate
+	return s.reportCacheState(stream, &msg, &msg, stream.SendAndClose)
+}
+
+// reportCacheState is ReportCacheState receiving every update into recv,
+// whose message is msg (recv is msg itself, or the codec's reused updateMsg
+// around it), and answering with ack.
+func (s *Service) reportCacheState(stream grpc.ServerStream, recv any, msg *pb.CacheStateUpdate, ack func(*pb.Ack) error) error {
 	var (
-		msg pb.CacheStateUpdate
-		cv  updateConverter
+		cv updateConverter
 		// firstBad is the first refused update's oversized id; refused
 		// counts the refused updates.
 		firstBad oversizedID
@@ -46,27 +53,27 @@ func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServ
 		_ = stream.SetHeader(s.instanceMD)
 	}
 	for {
-		if err := stream.RecvMsg(&msg); err != nil {
+		if err := stream.RecvMsg(recv); err != nil {
 			if errors.Is(err, io.EOF) {
 				if refused > 0 {
 					return firstBad.err("updates with an oversized id", refused)
 				}
-				return stream.SendAndClose(&pb.Ack{Accepted: true})
+				return ack(&pb.Ack{Accepted: true})
 			}
 			return err
 		}
 		if msg.GetTenantId() == policy.ReservedTenantID {
 			continue
 		}
-		if o := updateOversizedID(&msg); o.found() {
+		if o := updateOversizedID(msg); o.found() {
 			if refused++; refused == 1 {
 				firstBad = o
 			}
-			s.droppedUpdate(&msg)
+			s.droppedUpdate(msg)
 			continue
 		}
 		now := s.now().UnixMicro()
-		u := cv.convert(&msg)
+		u := cv.convert(msg)
 		u.TimestampUs = s.clampTimestamp(u.TimestampUs, now, "ReportCacheState")
 		res := s.index.Ingest(u, now)
 		if res.Dropped > 0 || u.ReplicaID == "" || (u.HashScheme == "" && len(u.Prefixes) > 0) {

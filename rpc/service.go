@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/inferencecache/inferencecache/engine"
@@ -209,6 +210,10 @@ type Service struct {
 	// yet), CAS-updated by handlers to rate-limit the log to one a minute.
 	droppedReports atomic.Int64
 	lastDropLog    atomic.Int64
+
+	// lookupUnary is serveLookupUnary as a method value, made once so the
+	// pooled handler passes it to interceptors without allocating.
+	lookupUnary grpc.UnaryHandler
 }
 
 var _ pb.InferenceCacheServer = (*Service)(nil)
@@ -267,6 +272,7 @@ func NewService(cfg Config) (*Service, error) {
 		s.now = time.Now
 	}
 	s.scratch.New = func() any { return new(lookupScratch) }
+	s.lookupUnary = s.serveLookupUnary
 	return s, nil
 }
 
