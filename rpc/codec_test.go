@@ -48,10 +48,10 @@ func codecSeeds() [][]byte {
 	lk := out[0]
 	out = append(out,
 		protowire.AppendString(protowire.AppendTag(append([]byte(nil), lk...), 99, protowire.BytesType), "unknown"), // unknown field
-		protowire.AppendVarint(protowire.AppendTag(append([]byte(nil), lk...), 1, protowire.VarintType), 5),           // known field, wrong type
-		append(append([]byte(nil), lk...), lk...),                                                                      // repeated slo: merged
-		protowire.AppendVarint(protowire.AppendTag(append([]byte(nil), lk...), 8, protowire.VarintType), 1<<35),       // unpacked count
-		protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "\xff\xfe"),                         // invalid UTF-8
+		protowire.AppendVarint(protowire.AppendTag(append([]byte(nil), lk...), 1, protowire.VarintType), 5),         // known field, wrong type
+		append(append([]byte(nil), lk...), lk...), // repeated slo: merged
+		protowire.AppendVarint(protowire.AppendTag(append([]byte(nil), lk...), 8, protowire.VarintType), 1<<35), // unpacked count
+		protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "\xff\xfe"),                    // invalid UTF-8
 		lk[:len(lk)-3], // truncated
 		nil,
 	)
