@@ -46,6 +46,8 @@ func (s *Service) reportCacheState(stream grpc.ServerStream, recv any, msg *pb.C
 		// counts the refused updates.
 		firstBad oversizedID
 		refused  int
+		// req is this stream's slot in the ingest batcher.
+		req *ingestReq
 	)
 	if s.instanceMD != nil {
 		// Sent with the Ack (or the error status); a failure means the
@@ -75,7 +77,17 @@ func (s *Service) reportCacheState(stream grpc.ServerStream, recv any, msg *pb.C
 		now := s.now().UnixMicro()
 		u := cv.convert(msg)
 		u.TimestampUs = s.clampTimestamp(u.TimestampUs, now, "ReportCacheState")
-		res := s.index.Ingest(u, now)
+		var res engine.IngestResult
+		if s.batcher != nil {
+			if req == nil {
+				req = newIngestReq()
+			}
+			req.u, req.now = u, now
+			s.batcher.ingest(req)
+			res, req.u = req.res, nil
+		} else {
+			res = s.index.Ingest(u, now)
+		}
 		if res.Dropped > 0 || u.ReplicaID == "" || (u.HashScheme == "" && len(u.Prefixes) > 0) {
 			t := updateDrops(u, res)
 			s.dropped(&t, u.TenantID, u.ModelID, u.ReplicaID)
@@ -174,7 +186,7 @@ func (s *Service) PublishEvent(ctx context.Context, ev *pb.CacheEvent) (*pb.Ack,
 		return &pb.Ack{Accepted: true}, nil
 	}
 	now := s.now().UnixMicro()
-	s.index.ApplyEvent(&engine.Event{
+	e := &engine.Event{
 		Type:        engine.EventType(ev.GetType()),
 		ReplicaID:   ev.GetReplicaId(),
 		ModelID:     ev.GetModelId(),
@@ -182,7 +194,18 @@ func (s *Service) PublishEvent(ctx context.Context, ev *pb.CacheEvent) (*pb.Ack,
 		PrefixHash:  ev.GetPrefixHash(),
 		TimestampUs: s.clampTimestamp(ev.GetTimestampUs(), now, "PublishEvent"),
 		AdapterID:   ev.GetAdapterId(),
-	}, now)
+	}
+	if s.batcher != nil && s.batcher.idx.KnowsDomain(e.TenantID, e.ModelID) {
+		// Batched with the report streams' updates (an event for a pair
+		// the index does not know is a no-op: no need to queue it).
+		req := eventReqs.Get().(*ingestReq)
+		req.ev, req.now = e, now
+		s.batcher.ingest(req)
+		req.ev = nil
+		eventReqs.Put(req)
+	} else {
+		s.index.ApplyEvent(e, now)
+	}
 	return &pb.Ack{Accepted: true}, nil
 }
 

@@ -211,6 +211,11 @@ type Service struct {
 	droppedReports atomic.Int64
 	lastDropLog    atomic.Int64
 
+	// batcher combines concurrent report streams' updates into IngestBatch
+	// calls; nil when the index cannot batch (then every update goes
+	// through Ingest).
+	batcher *ingestBatcher
+
 	// lookupUnary is serveLookupUnary as a method value, made once so the
 	// pooled handler passes it to interceptors without allocating.
 	lookupUnary grpc.UnaryHandler
@@ -273,6 +278,9 @@ func NewService(cfg Config) (*Service, error) {
 	}
 	s.scratch.New = func() any { return new(lookupScratch) }
 	s.lookupUnary = s.serveLookupUnary
+	if bi, ok := cfg.Index.(batchIndex); ok {
+		s.batcher = &ingestBatcher{idx: bi}
+	}
 	return s, nil
 }
 
@@ -283,6 +291,15 @@ type nopProducer struct{}
 func (nopProducer) TimestampClamped(string) {}
 
 func (nopObserver) ObserveLookup(string, string, bool, time.Duration) {}
+
+// IngestBatches returns how many IngestBatch calls the report streams made
+// and how many updates they applied (0, 0 when the index cannot batch).
+func (s *Service) IngestBatches() (batches, updates int64) {
+	if s.batcher == nil {
+		return 0, 0
+	}
+	return s.batcher.batches.Load(), s.batcher.updates.Load()
+}
 
 // PromptTextFailOpens returns how many prompt_text lookups failed open
 // before fingerprinting (no tokenizer, oversized text, tokenizer busy or
