@@ -14,6 +14,14 @@
 // scratch (engine.LookupResult, the engine request, fingerprint buffers and
 // the affinity seed), the lock-free engine lookup, and metric children the
 // observer resolved earlier. See TestLookupRouteAllocs for the pinned count.
+// Served through Register and ServerOptions (as package server does), not
+// even the response is allocated: the Codec decodes the request into a
+// pooled call and marshals the response from it with protowire
+// (codec.go, FuzzCodecDifferential, TestCodecAllocs).
+//
+// Writes. ReportCacheState streams and PublishEvent calls queue their writes
+// in an ingest batcher (batch.go) that applies what is queued under one hold
+// of the index's writer lock (engine.IngestBatch).
 package rpc
 
 import (
