@@ -26,7 +26,10 @@ import (
 // instead of the Ack.
 //
 // The stream reuses one message and one engine.Update (with its prefix
-// slice) for all its updates: the index copies what it keeps.
+// slice) for all its updates: the index copies what it keeps. When the
+// index can batch (engine.IngestBatch), each update waits in the ingest
+// batcher (batch.go) and is applied together with what other streams and
+// PublishEvent calls queued meanwhile, still in this stream's order.
 //
 // A timestamp_us beyond now + MaxClockSkew is clamped to it (counted), so a
 // bad producer clock cannot make entries outlive the TTL. The response

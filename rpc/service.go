@@ -300,15 +300,6 @@ func (nopProducer) TimestampClamped(string) {}
 
 func (nopObserver) ObserveLookup(string, string, bool, time.Duration) {}
 
-// IngestBatches returns how many IngestBatch calls the report streams made
-// and how many updates they applied (0, 0 when the index cannot batch).
-func (s *Service) IngestBatches() (batches, updates int64) {
-	if s.batcher == nil {
-		return 0, 0
-	}
-	return s.batcher.batches.Load(), s.batcher.updates.Load()
-}
-
 // PromptTextFailOpens returns how many prompt_text lookups failed open
 // before fingerprinting (no tokenizer, oversized text, tokenizer busy or
 // failed).
