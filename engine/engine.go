@@ -126,8 +126,11 @@ type Engine struct {
 	pending pendingMetrics
 	// tableBytes is the memory of all live scopes' tables.
 	tableBytes int64
-	// sortScratch is the writer's scratch for sorting eviction buckets.
+	// sortScratch is the writer's scratch for sorting eviction buckets;
+	// sortHashes holds the hash bytes its records point into, so sorting a
+	// bucket allocates nothing in steady state (writer only, under mu).
 	sortScratch []sortRec
+	sortHashes  []byte
 	// wrapped lists freed nodes parked by a wrap of their gen's low 16
 	// bits until the cap queue has no record of them (see capRec).
 	wrapped []uint32

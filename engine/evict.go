@@ -348,7 +348,7 @@ func compareScopes(a, b *scope) int {
 // those whose count grew, and sorts the rest by (key, replica), dropping
 // duplicates of one holder.
 func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
-	recs := e.sortScratch[:0]
+	recs, hb := e.sortScratch[:0], e.sortHashes[:0]
 	for _, r := range b.recs[b.head:] {
 		sc, _, count, ok := e.capRecState(r, b.key.ts)
 		if !ok {
@@ -359,7 +359,9 @@ func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
 			continue
 		}
 		_, off, rid := capRecParts(r)
-		recs = append(recs, sortRec{rec: r, sc: sc, hash: e.appendHashBytes(nil, off), replica: sc.d.replicaSlots()[rid].name})
+		var h []byte
+		h, hb = e.sortHash(hb, off)
+		recs = append(recs, sortRec{rec: r, sc: sc, hash: h, replica: sc.d.replicaSlots()[rid].name})
 	}
 	sortRecs(recs, true)
 	e.capq.records -= len(b.recs) - b.head
@@ -374,6 +376,25 @@ func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
 	b.recs, b.head, b.sorted = out, 0, true
 	clear(recs)
 	e.sortScratch = recs[:0]
+	e.keepSortHashes(hb)
+}
+
+// sortHash appends node off's hash to hb and returns it as a full-capacity
+// window of hb (which may have moved: earlier windows keep the old array).
+func (e *Engine) sortHash(hb []byte, off uint32) (h, grown []byte) {
+	start := len(hb)
+	hb = e.appendHashBytes(hb, off)
+	return hb[start:len(hb):len(hb)], hb
+}
+
+// keepSortHashes keeps hb for the next sort unless it grew past what the
+// writer should pin (a huge bucket of long hashes).
+func (e *Engine) keepSortHashes(hb []byte) {
+	if cap(hb) <= 1<<20 {
+		e.sortHashes = hb[:0]
+	} else {
+		e.sortHashes = nil
+	}
 }
 
 // sortRecs orders records by (scope, hash, replica name); withReplica=false

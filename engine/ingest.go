@@ -153,6 +153,37 @@ func (e *Engine) Ingest(u *Update, now int64) IngestResult {
 	return res
 }
 
+// BatchItem is one write of IngestBatch: an update or an event (exactly one
+// of them set), the server clock (µs) it arrived at, and, after the call, an
+// update's result.
+type BatchItem struct {
+	Update *Update
+	Event  *Event
+	Now    int64
+	Result IngestResult
+}
+
+// IngestBatch applies items in order, each exactly as Ingest(it.Update,
+// it.Now) (write, then quota, then cap and byte budget) or
+// ApplyEvent(it.Event, it.Now) would, under one hold of the writer lock,
+// and sets each update's Result. A producer layer with many report streams
+// and event calls queues their writes and applies them together, so
+// writers hand the lock over once per batch instead of once per write.
+func (e *Engine) IngestBatch(items []BatchItem) {
+	snap := e.lockWriter()
+	defer e.unlockAndReport()
+	for i := range items {
+		it := &items[i]
+		if it.Update == nil {
+			e.applyEventLocked(it.Event, it.Now)
+			continue
+		}
+		it.Result = e.ingestLocked(it.Update, it.Now)
+		e.enforceQuotaLocked(snap, it.Update.TenantID, it.Now)
+		e.enforceCapLocked(snap, it.Now)
+	}
+}
+
 func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 	var res IngestResult
 	res.Reserved = u.TenantID == policy.ReservedTenantID
@@ -312,6 +343,13 @@ func clampInt32(v int64) int32 {
 	return int32(max(min(v, math.MaxInt32), math.MinInt32))
 }
 
+// KnowsDomain reports whether (tenant, model) is indexed, without a lock.
+// ApplyEvent for an unknown pair does nothing, so a caller batching events
+// (IngestBatch) can skip them.
+func (e *Engine) KnowsDomain(tenant, model string) bool {
+	return e.lookupDomain(tenant, model) != nil
+}
+
 // ApplyEvent applies one CacheEvent (contract §1.2):
 //   - PREFIX_EVICTED removes the replica from every key with the event's
 //     tenant, model and hash, in every scheme; in the event's adapter
@@ -331,6 +369,16 @@ func (e *Engine) ApplyEvent(ev *Event, now int64) {
 	}
 	e.lockWriter()
 	defer e.unlockAndReport()
+	e.applyEventLocked(ev, now)
+}
+
+// applyEventLocked is ApplyEvent under the writer lock.
+func (e *Engine) applyEventLocked(ev *Event, now int64) {
+	switch ev.Type {
+	case EventPrefixEvicted, EventAllCleared, EventReplicaUpdated:
+	default:
+		return
+	}
 	// Looked up again under the lock: the sweep may have reclaimed the
 	// domain meanwhile, and a writer never writes into a reclaimed domain.
 	d := e.lookupDomain(ev.TenantID, ev.ModelID)

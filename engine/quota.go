@@ -112,13 +112,15 @@ func (e *Engine) enforceQuotaLocked(snap *policy.Snapshot, tenant string, now in
 
 // prepareQuotaBucketLocked drops stale records of b and sorts the rest by key.
 func (e *Engine) prepareQuotaBucketLocked(q *quotaQueue, b *bucket[int64]) {
-	recs := e.sortScratch[:0]
+	recs, hb := e.sortScratch[:0], e.sortHashes[:0]
 	for _, r := range b.recs[b.head:] {
 		sc, ok := e.quotaRecState(r, b.key)
 		if !ok {
 			continue
 		}
-		recs = append(recs, sortRec{rec: r, sc: sc, hash: e.appendHashBytes(nil, uint32(r))})
+		var h []byte
+		h, hb = e.sortHash(hb, uint32(r))
+		recs = append(recs, sortRec{rec: r, sc: sc, hash: h})
 	}
 	sortRecs(recs, false)
 	q.records -= len(b.recs) - b.head
@@ -133,6 +135,7 @@ func (e *Engine) prepareQuotaBucketLocked(q *quotaQueue, b *bucket[int64]) {
 	b.recs, b.head, b.sorted = out, 0, true
 	clear(recs)
 	e.sortScratch = recs[:0]
+	e.keepSortHashes(hb)
 }
 
 // removeKeyLocked removes every holder of node off.

@@ -69,8 +69,19 @@ func serve(t testing.TB, svc pb.InferenceCacheServer, opts ...grpc.ServerOption)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(32 << 20)}, opts...)...)
-	pb.RegisterInferenceCacheServer(gs, svc)
+	opts = append([]grpc.ServerOption{grpc.MaxRecvMsgSize(32 << 20)}, opts...)
+	// A *rpc.Service is served as the server package serves it: the pooled
+	// codec and handlers.
+	s, pooled := svc.(*rpc.Service)
+	if pooled {
+		opts = append(opts, rpc.ServerOptions()...)
+	}
+	gs := grpc.NewServer(opts...)
+	if pooled {
+		rpc.Register(gs, s)
+	} else {
+		pb.RegisterInferenceCacheServer(gs, svc)
+	}
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(32<<20)))

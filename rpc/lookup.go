@@ -101,14 +101,32 @@ type lookupInput struct {
 // same TIMEOUT; it can only arrive later than the deadline by the duration
 // of one index lookup. Only the prompt_text path, whose tokenizer may be
 // slow, runs bounded by a context.
+//
+// A direct call allocates its response, as the generated gRPC handler's
+// path did; the server's own handler (Register) answers into pooled memory.
+// It is not inlined, so the response a caller gets is on the heap whatever
+// the caller does with it (the allocation tests pin that count).
+//
+//go:noinline
 func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (*pb.LookupRouteResponse, error) {
+	resp := new(pb.LookupRouteResponse)
+	s.lookupRoute(ctx, req, resp, nil)
+	return resp, nil
+}
+
+// lookupRoute is LookupRoute answering into resp, which must be empty. With
+// a nil sb the scores are allocated (two allocations, as the generated
+// handler's callers expect); the codec's pooled path passes the call's own
+// scoreBuf and allocates nothing.
+func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, resp *pb.LookupRouteResponse, sb *scoreBuf) {
 	start := s.now()
 	tenant, model := req.GetTenantId(), req.GetModelId()
 
 	// 1. The probe's scope is server-internal: never serve it.
 	if tenant == policy.ReservedTenantID {
 		s.observer.ObserveLookup(model, ReasonNoHint, false, 0)
-		return &pb.LookupRouteResponse{ReasonCode: ReasonNoHint}, nil
+		resp.ReasonCode = ReasonNoHint
+		return
 	}
 
 	// 2. The budget is an absolute deadline from handler entry; the
@@ -121,19 +139,22 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 
 	// 3.
 	if ctx.Err() != nil {
-		return s.emptyResponse(model, ReasonTimeout, start, nil), nil
+		s.emptyResponse(resp, model, ReasonTimeout, start, nil)
+		return
 	}
 
 	// 4. Checked on the wire fields, before any resolution.
 	if pt.RequireChain && !validWireChain(req) {
-		return s.emptyResponse(model, ReasonPolicyRequiresChain, start, nil), nil
+		s.emptyResponse(resp, model, ReasonPolicyRequiresChain, start, nil)
+		return
 	}
 
 	// An id over MaxIDBytes cannot be in the index (the producer RPCs
 	// refuse them): NO_HINT before any work, after the checks the contract
 	// ranks above it.
 	if !lookupIDsFit(req) {
-		return s.emptyResponse(model, ReasonNoHint, start, nil), nil
+		s.emptyResponse(resp, model, ReasonNoHint, start, nil)
+		return
 	}
 
 	sc := s.getScratch()
@@ -145,17 +166,20 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	// Only the fingerprint and tokenizer paths take measurable time; the
 	// budget is re-read after them alone (step 9 covers the rest).
 	if in.timeout || ctx.Err() != nil || (in.computed && expired(budgetEnd, s.now())) {
-		return s.emptyResponse(model, ReasonTimeout, start, in.echo), nil
+		s.emptyResponse(resp, model, ReasonTimeout, start, in.echo)
+		return
 	}
 	if in.failOpen {
-		return s.emptyResponse(model, ReasonNoHint, start, in.echo), nil
+		s.emptyResponse(resp, model, ReasonNoHint, start, in.echo)
+		return
 	}
 
 	// 6.
 	eff := effectivePrefixTokens(in.counts, in.exactCount)
 	belowMin := pt.MinimumPrefixTokens > 0 && eff < int64(pt.MinimumPrefixTokens)
 	if belowMin && !pt.AffinityRouting {
-		return s.emptyResponse(model, ReasonNoHint, start, in.echo), nil
+		s.emptyResponse(resp, model, ReasonNoHint, start, in.echo)
+		return
 	}
 
 	// 8.
@@ -176,7 +200,8 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	// 9. A result that arrives after the deadline is discarded (and
 	// credits nothing).
 	if ctx.Err() != nil || (!budgetEnd.IsZero() && expired(budgetEnd, s.now())) {
-		return s.emptyResponse(model, ReasonTimeout, start, in.echo), nil
+		s.emptyResponse(resp, model, ReasonTimeout, start, in.echo)
+		return
 	}
 
 	strategy := res.Strategy
@@ -186,7 +211,8 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	// results to NO_HINT") say NO_HINT, and we follow the documents: the
 	// downgrade is final and skips the affinity fallback.
 	if strategy == engine.StrategyTenantHot && !pt.EnableTenantHot {
-		return s.indexedResponse(req, model, ReasonNoHint, nil, start, in.echo), nil
+		s.indexedResponse(resp, sb, req, model, ReasonNoHint, nil, start, in.echo)
+		return
 	}
 
 	// 11a. Tiny prompts never surface a positive hint.
@@ -258,9 +284,11 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	if strategy == engine.StrategyNone {
 		if pick.Has {
 			s.noteRouted(res, pick, tokens, start)
-			return s.affinityResponse(req, model, pin, start, in.echo), nil
+			s.affinityResponse(resp, sb, req, model, pin, start, in.echo)
+			return
 		}
-		return s.indexedResponse(req, model, ReasonNoHint, nil, start, in.echo), nil
+		s.indexedResponse(resp, sb, req, model, ReasonNoHint, nil, start, in.echo)
+		return
 	}
 
 	// 11e. Delivered: credit LFU (prefix matches only) and answer.
@@ -273,7 +301,7 @@ func (s *Service) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (
 	case engine.StrategyTenantHot:
 		scores = res.Scores
 	}
-	return s.indexedResponse(req, model, strategy.String(), scores, start, in.echo), nil
+	s.indexedResponse(resp, sb, req, model, strategy.String(), scores, start, in.echo)
 }
 
 // validWireChain is step 4's notion of a chain: block_hashes non-empty and
@@ -520,50 +548,68 @@ func appendAffinitySeed(dst []byte, in *lookupInput) []byte {
 // emptyResponse answers before the index is consulted (TIMEOUT,
 // POLICY_REQUIRES_CHAIN, input fail-open, the minimum-prefix short-circuit):
 // no scores and no adapter echo.
-func (s *Service) emptyResponse(model, reason string, start time.Time, echo []uint32) *pb.LookupRouteResponse {
-	return s.finish(&pb.LookupRouteResponse{ReasonCode: reason, TokenIds: echo}, model, start)
+func (s *Service) emptyResponse(resp *pb.LookupRouteResponse, model, reason string, start time.Time, echo []uint32) {
+	resp.ReasonCode, resp.TokenIds = reason, echo
+	s.finish(resp, model, start)
 }
 
 // indexedResponse answers after the index was consulted: ranked scores (if
 // any) and the request's adapter partition echoed.
-func (s *Service) indexedResponse(req *pb.LookupRouteRequest, model, reason string, scores []engine.Score, start time.Time, echo []uint32) *pb.LookupRouteResponse {
-	resp := &pb.LookupRouteResponse{ReasonCode: reason, TokenIds: echo, AdapterId: req.GetAdapterId()}
+func (s *Service) indexedResponse(resp *pb.LookupRouteResponse, sb *scoreBuf, req *pb.LookupRouteRequest, model, reason string, scores []engine.Score, start time.Time, echo []uint32) {
+	resp.ReasonCode, resp.TokenIds, resp.AdapterId = reason, echo, req.GetAdapterId()
 	if n := len(scores); n > 0 {
-		// Two allocations for all the scores: the pointer slice and one
-		// backing array of messages.
-		ptrs := make([]*pb.ReplicaScore, n)
-		vals := make([]pb.ReplicaScore, n)
+		ptrs := sb.take(n)
 		for i := range scores {
-			v := &vals[i]
+			v := ptrs[i]
 			v.ReplicaId = scores[i].ReplicaID
 			v.Score = scores[i].Score
 			v.MatchedTokens = scores[i].MatchedTokens
 			v.EstimatedCacheHitProb = scores[i].Prob
 			v.Tier = pb.CacheTier(scores[i].Tier.Wire())
-			ptrs[i] = v
 		}
 		resp.ReplicaScores = ptrs
 	}
-	return s.finish(resp, model, start)
+	s.finish(resp, model, start)
 }
 
 // affinityResponse is AFFINITY_HINT: one replica, every score field zero.
-func (s *Service) affinityResponse(req *pb.LookupRouteRequest, model, replica string, start time.Time, echo []uint32) *pb.LookupRouteResponse {
-	return s.finish(&pb.LookupRouteResponse{
-		ReasonCode:    ReasonAffinityHint,
-		ReplicaScores: []*pb.ReplicaScore{{ReplicaId: replica}},
-		TokenIds:      echo,
-		AdapterId:     req.GetAdapterId(),
-	}, model, start)
+func (s *Service) affinityResponse(resp *pb.LookupRouteResponse, sb *scoreBuf, req *pb.LookupRouteRequest, model, replica string, start time.Time, echo []uint32) {
+	ptrs := sb.take(1)
+	*ptrs[0] = pb.ReplicaScore{ReplicaId: replica}
+	resp.ReasonCode, resp.ReplicaScores, resp.TokenIds, resp.AdapterId = ReasonAffinityHint, ptrs, echo, req.GetAdapterId()
+	s.finish(resp, model, start)
+}
+
+// scoreBuf is the reusable memory of a pooled response's replica_scores:
+// ptrs[i] points at vals[i] for every i below cap.
+type scoreBuf struct {
+	ptrs []*pb.ReplicaScore
+	vals []pb.ReplicaScore
+}
+
+// take returns n score messages for the caller to fill (every field). A nil
+// buffer allocates them: the pointer slice and one backing array.
+func (b *scoreBuf) take(n int) []*pb.ReplicaScore {
+	if b == nil || cap(b.ptrs) < n {
+		ptrs := make([]*pb.ReplicaScore, n)
+		vals := make([]pb.ReplicaScore, n)
+		for i := range ptrs {
+			ptrs[i] = &vals[i]
+		}
+		if b == nil {
+			return ptrs
+		}
+		b.ptrs, b.vals = ptrs, vals
+	}
+	return b.ptrs[:n:n]
 }
 
 // finish stamps resp with the handler's latency and records the call. Every
 // answer but the reserved tenant's goes through it exactly once, so the
 // observer sees each call once, with hint_used true exactly when
 // replica_scores is non-empty.
-func (s *Service) finish(resp *pb.LookupRouteResponse, model string, start time.Time) *pb.LookupRouteResponse {
+func (s *Service) finish(resp *pb.LookupRouteResponse, model string, start time.Time) {
 	elapsed := s.now().Sub(start)
 	resp.LookupLatencyUs = elapsed.Microseconds()
 	s.observer.ObserveLookup(model, resp.ReasonCode, len(resp.ReplicaScores) > 0, elapsed)
-	return resp
 }

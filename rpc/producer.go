@@ -26,19 +26,31 @@ import (
 // instead of the Ack.
 //
 // The stream reuses one message and one engine.Update (with its prefix
-// slice) for all its updates: the index copies what it keeps.
+// slice) for all its updates: the index copies what it keeps. When the
+// index can batch (engine.IngestBatch), each update waits in the ingest
+// batcher (batch.go) and is applied together with what other streams and
+// PublishEvent calls queued meanwhile, still in this stream's order.
 //
 // A timestamp_us beyond now + MaxClockSkew is clamped to it (counted), so a
 // bad producer clock cannot make entries outlive the TTL. The response
 // header carries the server's instance id (InstanceIDHeader).
 func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServer) error {
+	var msg pb.CacheStateUpdate
+	return s.reportCacheState(stream, &msg, &msg, stream.SendAndClose)
+}
+
+// reportCacheState is ReportCacheState receiving every update into recv,
+// whose message is msg (recv is msg itself, or the codec's reused updateMsg
+// around it), and answering with ack.
+func (s *Service) reportCacheState(stream grpc.ServerStream, recv any, msg *pb.CacheStateUpdate, ack func(*pb.Ack) error) error {
 	var (
-		msg pb.CacheStateUpdate
-		cv  updateConverter
+		cv updateConverter
 		// firstBad is the first refused update's oversized id; refused
 		// counts the refused updates.
 		firstBad oversizedID
 		refused  int
+		// req is this stream's slot in the ingest batcher.
+		req *ingestReq
 	)
 	if s.instanceMD != nil {
 		// Sent with the Ack (or the error status); a failure means the
@@ -46,29 +58,39 @@ func (s *Service) ReportCacheState(stream pb.InferenceCache_ReportCacheStateServ
 		_ = stream.SetHeader(s.instanceMD)
 	}
 	for {
-		if err := stream.RecvMsg(&msg); err != nil {
+		if err := stream.RecvMsg(recv); err != nil {
 			if errors.Is(err, io.EOF) {
 				if refused > 0 {
 					return firstBad.err("updates with an oversized id", refused)
 				}
-				return stream.SendAndClose(&pb.Ack{Accepted: true})
+				return ack(&pb.Ack{Accepted: true})
 			}
 			return err
 		}
 		if msg.GetTenantId() == policy.ReservedTenantID {
 			continue
 		}
-		if o := updateOversizedID(&msg); o.found() {
+		if o := updateOversizedID(msg); o.found() {
 			if refused++; refused == 1 {
 				firstBad = o
 			}
-			s.droppedUpdate(&msg)
+			s.droppedUpdate(msg)
 			continue
 		}
 		now := s.now().UnixMicro()
-		u := cv.convert(&msg)
+		u := cv.convert(msg)
 		u.TimestampUs = s.clampTimestamp(u.TimestampUs, now, "ReportCacheState")
-		res := s.index.Ingest(u, now)
+		var res engine.IngestResult
+		if s.batcher != nil {
+			if req == nil {
+				req = newIngestReq()
+			}
+			req.u, req.now = u, now
+			s.batcher.ingest(req)
+			res, req.u = req.res, nil
+		} else {
+			res = s.index.Ingest(u, now)
+		}
 		if res.Dropped > 0 || u.ReplicaID == "" || (u.HashScheme == "" && len(u.Prefixes) > 0) {
 			t := updateDrops(u, res)
 			s.dropped(&t, u.TenantID, u.ModelID, u.ReplicaID)
@@ -167,7 +189,7 @@ func (s *Service) PublishEvent(ctx context.Context, ev *pb.CacheEvent) (*pb.Ack,
 		return &pb.Ack{Accepted: true}, nil
 	}
 	now := s.now().UnixMicro()
-	s.index.ApplyEvent(&engine.Event{
+	e := &engine.Event{
 		Type:        engine.EventType(ev.GetType()),
 		ReplicaID:   ev.GetReplicaId(),
 		ModelID:     ev.GetModelId(),
@@ -175,7 +197,18 @@ func (s *Service) PublishEvent(ctx context.Context, ev *pb.CacheEvent) (*pb.Ack,
 		PrefixHash:  ev.GetPrefixHash(),
 		TimestampUs: s.clampTimestamp(ev.GetTimestampUs(), now, "PublishEvent"),
 		AdapterID:   ev.GetAdapterId(),
-	}, now)
+	}
+	if s.batcher != nil && s.batcher.idx.KnowsDomain(e.TenantID, e.ModelID) {
+		// Batched with the report streams' updates (an event for a pair
+		// the index does not know is a no-op: no need to queue it).
+		req := eventReqs.Get().(*ingestReq)
+		req.ev, req.now = e, now
+		s.batcher.ingest(req)
+		req.ev = nil
+		eventReqs.Put(req)
+	} else {
+		s.index.ApplyEvent(e, now)
+	}
 	return &pb.Ack{Accepted: true}, nil
 }
 

@@ -14,6 +14,14 @@
 // scratch (engine.LookupResult, the engine request, fingerprint buffers and
 // the affinity seed), the lock-free engine lookup, and metric children the
 // observer resolved earlier. See TestLookupRouteAllocs for the pinned count.
+// Served through Register and ServerOptions (as package server does), not
+// even the response is allocated: the Codec decodes the request into a
+// pooled call and marshals the response from it with protowire
+// (codec.go, FuzzCodecDifferential, TestCodecAllocs).
+//
+// Writes. ReportCacheState streams and PublishEvent calls queue their writes
+// in an ingest batcher (batch.go) that applies what is queued under one hold
+// of the index's writer lock (engine.IngestBatch).
 package rpc
 
 import (
@@ -25,6 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/inferencecache/inferencecache/engine"
@@ -209,6 +218,15 @@ type Service struct {
 	// yet), CAS-updated by handlers to rate-limit the log to one a minute.
 	droppedReports atomic.Int64
 	lastDropLog    atomic.Int64
+
+	// batcher combines concurrent report streams' updates into IngestBatch
+	// calls; nil when the index cannot batch (then every update goes
+	// through Ingest).
+	batcher *ingestBatcher
+
+	// lookupUnary is serveLookupUnary as a method value, made once so the
+	// pooled handler passes it to interceptors without allocating.
+	lookupUnary grpc.UnaryHandler
 }
 
 var _ pb.InferenceCacheServer = (*Service)(nil)
@@ -267,6 +285,10 @@ func NewService(cfg Config) (*Service, error) {
 		s.now = time.Now
 	}
 	s.scratch.New = func() any { return new(lookupScratch) }
+	s.lookupUnary = s.serveLookupUnary
+	if bi, ok := cfg.Index.(batchIndex); ok {
+		s.batcher = &ingestBatcher{idx: bi}
+	}
 	return s, nil
 }
 

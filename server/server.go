@@ -51,7 +51,6 @@ import (
 	"github.com/inferencecache/inferencecache/policy"
 	"github.com/inferencecache/inferencecache/probe"
 	"github.com/inferencecache/inferencecache/rpc"
-	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/servermetrics"
 	"github.com/inferencecache/inferencecache/tokenizer/modeldir"
 )
@@ -300,8 +299,11 @@ func New(cfg Config) (*Server, error) {
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
+	// The codec decodes LookupRoute and ReportCacheState into pooled memory
+	// (rpc.Register's handlers); nothing here keeps a sent message.
+	opts = append(opts, rpc.ServerOptions()...)
 	s.grpc = grpc.NewServer(opts...)
-	pb.RegisterInferenceCacheServer(s.grpc, s.service)
+	rpc.Register(s.grpc, s.service)
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
