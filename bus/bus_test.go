@@ -268,3 +268,32 @@ func TestStreamRetention(t *testing.T) {
 		t.Fatalf("subjects %v", got)
 	}
 }
+
+// The ready lag bounds live lag only: a window smaller than it is still
+// replayed completely before the consumer counts as caught up.
+func TestCaughtUpOnlyAfterReplay(t *testing.T) {
+	ns := bustest.Start(t)
+	p := newPublisher(t, connect(t, ns.URL()))
+	publishN(t, p, bus.Subject("T", "a", "b"), 0, 20)
+	var rec recorder
+	slow := func(b []bus.Message) {
+		time.Sleep(5 * time.Millisecond)
+		rec.apply(b)
+	}
+	c, err := bus.NewConsumer(connect(t, ns.URL()), bus.ConsumerConfig{Stream: bus.StreamConfig{Name: "T"}, Apply: slow, MaxBatch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-c.CaughtUp():
+	case <-time.After(10 * time.Second):
+		t.Fatal("not caught up")
+	}
+	if n := rec.len(); n != 20 {
+		t.Fatalf("caught up after %d of the 20 retained messages (ready lag %d)", n, bus.DefaultReadyLag)
+	}
+}

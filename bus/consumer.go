@@ -39,8 +39,9 @@ type ConsumerConfig struct {
 	// Apply receives messages in stream order from one goroutine; the
 	// slice and the payloads are valid until it returns. Required.
 	Apply func(batch []Message)
-	// ReadyLag: CaughtUp closes once the lag is at most this many messages;
-	// 0 means DefaultReadyLag (a negative value means 0).
+	// ReadyLag: CaughtUp closes once the messages the stream held at start
+	// are applied and the lag is at most this many messages (or the lag is
+	// 0); 0 means DefaultReadyLag (a negative value means 0).
 	ReadyLag int
 	// MaxBatch; 0 means DefaultMaxBatch.
 	MaxBatch int
@@ -74,6 +75,7 @@ type Consumer struct {
 	lastSeq      atomic.Uint64 // stream sequence of the last applied message
 	lag          atomic.Uint64 // messages in the stream (filtered) not applied yet
 	replayTarget atomic.Uint64 // messages pending when the first session began
+	replayEnd    atomic.Uint64 // the stream's last sequence then: the replay ends there
 	lastCurrent  atomic.Int64  // unix nanos when the lag was last seen at 0
 	replayNanos  atomic.Int64  // start to caught up; 0 before
 	sessions     atomic.Uint64 // consumer sessions begun
@@ -219,6 +221,7 @@ func (c *Consumer) session(ctx context.Context) error {
 	c.lag.Store(info.NumPending)
 	if first {
 		c.replayTarget.Store(info.NumPending)
+		c.replayEnd.Store(stream.CachedInfo().State.LastSeq)
 		c.log.Info("replaying the NATS stream", "stream", c.cfg.Stream.Name, "messages", info.NumPending, "filters", c.cfg.Filters)
 	}
 	c.noteLag(info.NumPending)
@@ -317,12 +320,15 @@ func (c *Consumer) apply(batch []Message) {
 	c.noteLag(last.pending)
 }
 
-// noteLag records a lag reading: caught up at ReadyLag, current at 0.
+// noteLag records a lag reading: current at 0; caught up at 0, or at
+// ReadyLag once the replay of what the stream held at start is done (the
+// lag bound is for live traffic: at start, ReadyLag messages of thousands
+// of entries each may be most of the window).
 func (c *Consumer) noteLag(lag uint64) {
 	if lag == 0 {
 		c.lastCurrent.Store(time.Now().UnixNano())
 	}
-	if lag <= uint64(c.cfg.ReadyLag) {
+	if lag == 0 || lag <= uint64(c.cfg.ReadyLag) && c.lastSeq.Load() >= c.replayEnd.Load() {
 		c.caughtOnce.Do(func() {
 			d := time.Since(c.started)
 			c.replayNanos.Store(int64(d))
