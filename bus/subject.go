@@ -90,6 +90,8 @@ func DecodeToken(tok string) (string, error) {
 		return "", fmt.Errorf("%w: empty", ErrBadToken)
 	case strings.HasPrefix(tok, hashedPrefix):
 		return "", ErrHashed
+	case len(tok) > MaxTokenBytes:
+		return "", fmt.Errorf("%w: %d bytes over %d (a long id is hashed)", ErrBadToken, len(tok), MaxTokenBytes)
 	}
 	var b strings.Builder
 	b.Grow(len(tok))
