@@ -22,9 +22,15 @@ const (
 	DefaultAckTimeout = 5 * time.Second
 )
 
-// ErrNotConnected is returned while the connection to NATS is down: the
-// message was not sent (retry later).
-var ErrNotConnected = errors.New("bus: not connected to NATS")
+// Errors of Publish.
+var (
+	// ErrNotConnected is returned while the connection to NATS is down: the
+	// message was not sent (retry later).
+	ErrNotConnected = errors.New("bus: not connected to NATS")
+	// ErrTooLarge is returned for a message over the NATS server's maximum
+	// payload: it was not sent, and never will be as it is (split it).
+	ErrTooLarge = errors.New("bus: message over the NATS maximum payload")
+)
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
@@ -121,6 +127,9 @@ func (p *Publisher) Publish(ctx context.Context, subject string, k Kind, m proto
 	data, err := proto.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("cannot encode a %s: %w", k, err)
+	}
+	if limit := p.nc.MaxPayload(); limit > 0 && int64(len(data)) > limit-1024 { // room for the headers
+		return fmt.Errorf("%w: %s of %d bytes, limit %d", ErrTooLarge, k, len(data), limit)
 	}
 	msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{
 		HeaderKind:     []string{k.String()},

@@ -2,7 +2,10 @@ package kvevents
 
 import (
 	"context"
+	"errors"
 	"sync"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/inferencecache/inferencecache/bus"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -49,9 +52,22 @@ func (s *NATSSink) subjectOf(tenant, model string) string {
 	return s.subject
 }
 
-// ReportCacheState publishes u.
+// ReportCacheState publishes u. An update over the NATS server's maximum
+// payload (long adapter ids) is published in halves, recursively, in order;
+// if a later part fails the forwarder retries the whole update, and
+// re-adding the parts already published is harmless.
 func (s *NATSSink) ReportCacheState(ctx context.Context, u *icv1.CacheStateUpdate) error {
-	return s.pub.Publish(ctx, s.subjectOf(u.GetTenantId(), u.GetModelId()), bus.KindUpdate, u)
+	err := s.pub.Publish(ctx, s.subjectOf(u.GetTenantId(), u.GetModelId()), bus.KindUpdate, u)
+	if !errors.Is(err, bus.ErrTooLarge) || len(u.Prefixes) < 2 {
+		return err
+	}
+	half := len(u.Prefixes) / 2
+	first, second := proto.CloneOf(u), proto.CloneOf(u)
+	first.Prefixes, second.Prefixes, second.Stats = u.Prefixes[:half], u.Prefixes[half:], nil
+	if err := s.ReportCacheState(ctx, first); err != nil {
+		return err
+	}
+	return s.ReportCacheState(ctx, second)
 }
 
 // PublishEvent publishes e.

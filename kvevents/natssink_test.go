@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/inferencecache/inferencecache/bus"
 	"github.com/inferencecache/inferencecache/bus/bustest"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -130,5 +132,67 @@ func TestNATSSinkPublishes(t *testing.T) {
 	}
 	if sink.TakeLost() != 0 {
 		t.Fatal("lost")
+	}
+}
+
+// An update over the NATS maximum payload (long adapter ids) is published
+// in parts, in order, every entry once.
+func TestNATSSinkSplitsLargeUpdates(t *testing.T) {
+	ns := bustest.StartWith(t, func(o *server.Options) { o.MaxPayload = 16 << 10 })
+	nc, err := bus.Connect(ns.URL(), "t", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pub, err := bus.NewPublisher(nc, bus.PublisherConfig{Stream: bus.StreamConfig{Name: "S"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := NewNATSSink(pub, "S")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	u := &icv1.CacheStateUpdate{ReplicaId: "r", TenantId: "t", ModelId: "m", Stats: &icv1.ReplicaStats{HitRate: 0.5}}
+	for i := range 100 {
+		u.Prefixes = append(u.Prefixes, &icv1.PrefixEntry{PrefixHash: []byte{byte(i)}, AdapterId: strings.Repeat("a", 1000)})
+	}
+	if err := sink.ReportCacheState(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := pub.JetStream().Stream(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := st.CachedInfo().State.Msgs
+	if n < 8 {
+		t.Fatalf("%d messages: not split", n)
+	}
+	var got []byte
+	stats := 0
+	for seq := uint64(1); seq <= n; seq++ {
+		raw, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var part icv1.CacheStateUpdate
+		if err := bus.DecodeUpdate(raw.Data, &part); err != nil {
+			t.Fatal(err)
+		}
+		if part.Stats != nil {
+			stats++
+		}
+		for _, p := range part.Prefixes {
+			got = append(got, p.PrefixHash[0])
+		}
+	}
+	if len(got) != 100 || stats != 1 {
+		t.Fatalf("%d entries, %d stats in %d parts", len(got), stats, n)
+	}
+	for i, b := range got {
+		if int(b) != i {
+			t.Fatalf("entry %d is %d: out of order", i, b)
+		}
 	}
 }

@@ -23,7 +23,10 @@ type Server struct {
 
 // Start runs a NATS server with JetStream storing under t.TempDir() and
 // stops it when the test ends.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { t.Helper(); return StartWith(t, nil) }
+
+// StartWith is Start with mutate applied to the server options first.
+func StartWith(t testing.TB, mutate func(*server.Options)) *Server {
 	t.Helper()
 	port := freePort(t)
 	s := &Server{t: t, opts: server.Options{
@@ -36,6 +39,9 @@ func Start(t testing.TB) *Server {
 		// Large enough for a 4096-entry update with room to spare.
 		MaxPayload: 8 << 20,
 	}}
+	if mutate != nil {
+		mutate(&s.opts)
+	}
 	s.Restart()
 	t.Cleanup(s.Stop)
 	return s
