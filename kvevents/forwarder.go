@@ -491,6 +491,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 			f.mu.Unlock()
 		case <-f.wake:
 		}
+		f.checkLoss() // also while idle: a loss must not wait for the next call
 		for {
 			ok, more := f.deliverOne(ctx)
 			if ok && !more {

@@ -196,3 +196,25 @@ func TestNATSSinkSplitsLargeUpdates(t *testing.T) {
 		}
 	}
 }
+
+// A loss reported while the forwarder is idle (no calls, no heartbeat) is
+// noticed at the next window tick, not at the next engine event.
+func TestForwarderLossNoticedWhileIdle(t *testing.T) {
+	s := &lossySink{}
+	idx := NewIndex(16, 0, nil)
+	cfg := baseConfig()
+	cfg.Window = 10 * time.Millisecond
+	f := NewForwarder(cfg, s, idx)
+	p := NewProcessor(idx, f, false, nil, nil)
+	startForwarder(t, f)
+	p.Apply(&Batch{TS: 1, Events: []Event{*stored([]uint64{1, 2}, nil, toks(32, 0), 16)}})
+	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	n := len(s.snapshot())
+	s.lost.Store(1)
+	calls := waitCalls(t, &s.recSink, n+2)
+	if !strings.HasPrefix(calls[n], "ALL_CLEARED ") || !strings.HasPrefix(calls[n+1], "report ") {
+		t.Fatalf("after an idle loss: %q", calls[n:])
+	}
+}
