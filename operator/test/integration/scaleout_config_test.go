@@ -5,6 +5,9 @@ import (
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -46,4 +49,20 @@ func TestConfigScaleoutOverlay(t *testing.T) {
 	if sel["app.kubernetes.io/name"] != "inferencecache-server" || pdb.GetNamespace() != "inferencecache-system" {
 		t.Errorf("PDB selector %v namespace %q", sel, pdb.GetNamespace())
 	}
+}
+
+// The overlay's server Deployment and PDB pass the apiserver's validation
+// (dry run; the other objects are default/'s, applied by
+// TestConfigDefaultAppliesToAPIServer).
+func TestConfigScaleoutAppliesToAPIServer(t *testing.T) {
+	ctx := needEnv(t)
+	objs := render(t, "../../config/scaleout")
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "inferencecache-system"}}
+	if err := k8s.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	dryRunApply(t, ctx, []*unstructured.Unstructured{
+		find(objs, "Deployment", "inferencecache-server"),
+		find(objs, "PodDisruptionBudget", "inferencecache-server"),
+	})
 }
