@@ -2,7 +2,8 @@
 // gRPC service (with grpc.health.v1 and server reflection), the public HTTP
 // listener (/healthz, /readyz, /metrics, optional /debug/pprof) and the
 // internal control listener (/policy, /snapshot, /probe behind TokenReview
-// auth), plus the TTL sweeper and the graceful drain. A handler panic on any
+// auth), plus the TTL sweeper, the graceful drain and, with a NATS URL, the
+// consumer of the producer-report stream (bus.go, docs/scaleout.md). A handler panic on any
 // listener fails its request, not the process (see recover.go).
 //
 // cmd/server is a thin flag layer over it; tests, the load generator and the
