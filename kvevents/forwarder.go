@@ -36,6 +36,17 @@ type ServerWatcher interface {
 	ServerEpoch() (epoch uint64, reason string)
 }
 
+// LossReporter is implemented by sinks that acknowledge asynchronously
+// (NATSSink): a call returns once the sink has the message, and the sink
+// learns later whether it was stored. TakeLost returns how many accepted
+// deliveries were not stored since the last call (and resets the count).
+// On a loss the forwarder drops its queue and clears and resyncs the
+// replica, as after a buffer overflow: the server may miss any of what was
+// in flight, in any position.
+type LossReporter interface {
+	TakeLost() uint64
+}
+
 // Re-report reasons (the rereports counter's label).
 const (
 	RereportSync            = "sync"             // a replay rebuilt or verified the index (start, engine reconnect)
@@ -480,6 +491,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 			f.mu.Unlock()
 		case <-f.wake:
 		}
+		f.checkLoss() // also while idle: a loss must not wait for the next call
 		for {
 			ok, more := f.deliverOne(ctx)
 			if ok && !more {
@@ -790,12 +802,35 @@ func (f *Forwarder) call(ctx context.Context, rpc string, fn func(context.Contex
 	err := fn(cctx)
 	f.cfg.Metrics.forwarded(rpc, time.Since(start), err)
 	f.lastCall, f.lastCallOK = f.cfg.Now(), err == nil
+	f.checkLoss()
 	if err != nil {
 		f.cfg.Logger.Debug("forward failed", "rpc", rpc, "err", err)
 		return err
 	}
 	f.watchServer()
 	return nil
+}
+
+// checkLoss enters the resync state when the sink reports deliveries it
+// accepted and then lost (LossReporter). Run goroutine only. Anything
+// queued is dropped (the resync's snapshot covers it); a call in flight
+// sees the queue generation change.
+func (f *Forwarder) checkLoss() {
+	lr, ok := f.sink.(LossReporter)
+	if !ok {
+		return
+	}
+	n := lr.TakeLost()
+	if n == 0 {
+		return
+	}
+	f.cfg.Logger.Warn("deliveries the sink had accepted were lost: dropping the queue and resyncing the replica", "lost", n)
+	f.cfg.Metrics.lost(n)
+	f.mu.Lock()
+	f.dropAllLocked()
+	f.resync = true
+	f.mu.Unlock()
+	f.kick()
 }
 
 // watchServer compares the sink's ServerEpoch with the last one seen and

@@ -36,6 +36,7 @@ type Metrics struct {
 	stateSaves      *prometheus.CounterVec // result
 	stateLoads      *prometheus.CounterVec // result
 	recoveries      *prometheus.CounterVec // outcome
+	lostDeliveries  prometheus.Counter
 }
 
 // Replay outcomes (the replays counter's label).
@@ -98,6 +99,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "state_loads_total", Help: "State file reads at start, by result (ok, missing, invalid, foreign, error)."}, []string{"result"})
 	m.recoveries = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 		Name: "history_recoveries_total", Help: "Replays from the engine's oldest buffered batch triggered by a BlockStored with an unknown parent, by outcome (adopted, no_further, failed)."}, []string{"outcome"})
+	m.lostDeliveries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+		Name: "forward_lost_total", Help: "Deliveries the sink had accepted and later reported not stored (NATS: a negative or missing JetStream ack); each loss triggers a clear-and-resync."})
 	for k := range m.decodedByKind {
 		m.decodedByKind[k] = m.eventsDecoded.WithLabelValues(EventKind(k).String())
 	}
@@ -105,7 +108,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.batchesDecoded, m.batchesDropped, m.eventsDecoded, m.eventsDropped,
 			m.unknownRemovals, m.gaps, m.replays, m.restarts, m.resyncs, m.overflows,
 			m.forwardLatency, m.forwardErrors, m.buffered, m.indexBlocks, m.scrapes, m.reconnects,
-			m.refreshEntries, m.refreshes, m.rereports, m.stateSaves, m.stateLoads, m.recoveries)
+			m.refreshEntries, m.refreshes, m.rereports, m.stateSaves, m.stateLoads, m.recoveries,
+			m.lostDeliveries)
 	}
 	return m
 }
@@ -161,6 +165,12 @@ func (m *Metrics) restart() {
 func (m *Metrics) resync() {
 	if m != nil {
 		m.resyncs.Inc()
+	}
+}
+
+func (m *Metrics) lost(n uint64) {
+	if m != nil {
+		m.lostDeliveries.Add(float64(n))
 	}
 }
 

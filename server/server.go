@@ -2,7 +2,8 @@
 // gRPC service (with grpc.health.v1 and server reflection), the public HTTP
 // listener (/healthz, /readyz, /metrics, optional /debug/pprof) and the
 // internal control listener (/policy, /snapshot, /probe behind TokenReview
-// auth), plus the TTL sweeper and the graceful drain. A handler panic on any
+// auth), plus the TTL sweeper, the graceful drain and, with a NATS URL, the
+// consumer of the producer-report stream (bus.go, docs/scaleout.md). A handler panic on any
 // listener fails its request, not the process (see recover.go).
 //
 // cmd/server is a thin flag layer over it; tests, the load generator and the
@@ -37,6 +38,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -44,6 +46,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/inferencecache/inferencecache/bus"
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/controlserver"
 	"github.com/inferencecache/inferencecache/controlserver/auth"
@@ -146,6 +149,11 @@ type Config struct {
 	// MaxClockSkew bounds how far in the future producer timestamps may lie
 	// (rpc.Config.MaxClockSkew); 0 means rpc.DefaultMaxClockSkew.
 	MaxClockSkew time.Duration
+
+	// NATS, when its URL is set, feeds the index from a NATS JetStream
+	// stream too (bus.go, docs/scaleout.md); the server is ready only once
+	// it caught up with the stream.
+	NATS NATSConfig
 }
 
 // DefaultConfig returns the production defaults (auth enabled, so
@@ -201,9 +209,20 @@ type Server struct {
 
 	grpcLis, httpLis, intLis net.Listener
 
+	// NATS consumption (nil without --nats-url), set by New.
+	bus     *bus.Consumer
+	busApp  *busApplier
+	busConn *nats.Conn
+
+	// readyMu serializes the ready transitions (becoming ready once caught
+	// up, the drain) and guards draining.
+	readyMu  sync.Mutex
+	draining bool
+
 	// ready is true while the server serves: Run stores true once its
-	// listeners are serving and false when the drain begins; the /readyz
-	// handler loads it.
+	// listeners are serving (and, with NATS, it caught up with the stream;
+	// markReady) and false when the drain begins; the /readyz handler loads
+	// it.
 	ready atomic.Bool
 	// readyCh is closed by Run, once, when the server first becomes ready.
 	readyCh chan struct{}
@@ -317,7 +336,13 @@ func New(cfg Config) (*Server, error) {
 	s.public = &http.Server{Handler: s.recoverHTTP(servermetrics.ListenerHTTP, public), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	s.internal = &http.Server{Handler: s.recoverHTTP(servermetrics.ListenerControl, control), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
+	if cfg.NATS.URL != "" {
+		if err := s.newBus(); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.listen(); err != nil {
+		s.closeBus()
 		return nil, err
 	}
 	return s, nil
@@ -358,6 +383,14 @@ func validate(cfg *Config) error {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, cfg.Load.Validate())
 	case cfg.MaxClockSkew < 0:
 		return fmt.Errorf("%w: negative max clock skew %v", ErrInvalidConfig, cfg.MaxClockSkew)
+	}
+	if cfg.NATS.URL != "" {
+		if err := cfg.NATS.Stream.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		if cfg.NATS.ReadyLag < 0 {
+			return fmt.Errorf("%w: negative --nats-ready-lag %d", ErrInvalidConfig, cfg.NATS.ReadyLag)
+		}
 	}
 	if cfg.KeepaliveTime <= 0 {
 		cfg.KeepaliveTime = DefaultKeepaliveTime
@@ -515,7 +548,8 @@ func (s *Server) Metrics() *servermetrics.Metrics { return s.metrics }
 // Service returns the gRPC service implementation.
 func (s *Server) Service() *rpc.Service { return s.service }
 
-// Ready is closed once the server serves.
+// Ready is closed once the server serves (with NATS: and caught up with
+// the stream).
 func (s *Server) Ready() <-chan struct{} { return s.readyCh }
 
 // Run serves until ctx ends or a listener fails, then drains: /readyz and
@@ -545,14 +579,28 @@ func (s *Server) Run(ctx context.Context) error {
 	var sweepWG sync.WaitGroup
 	sweepWG.Go(func() { s.sweepLoop(sweepCtx) })
 
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.metrics.SetUp(true)
-	s.ready.Store(true)
-	close(s.readyCh)
 	s.log.Info("inferencecache server serving", "instance", s.instanceID, "grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(),
 		"internal", s.InternalAddr().String(), "tls", s.tls, "max_index_entries", s.cfg.MaxIndexEntries,
-		"max_index_bytes", s.cfg.MaxIndexBytes, "engine_block_size", s.cfg.EngineBlockSize, "tokenizer_dir", s.cfg.TokenizerDir)
+		"max_index_bytes", s.cfg.MaxIndexBytes, "engine_block_size", s.cfg.EngineBlockSize, "tokenizer_dir", s.cfg.TokenizerDir,
+		"nats", s.cfg.NATS.URL != "")
+
+	// With NATS the server replays the stream first and turns ready once
+	// caught up; lookups are answered meanwhile (from a partial index).
+	busCtx, stopBus := context.WithCancel(context.Background())
+	var busWG sync.WaitGroup
+	if s.bus != nil {
+		busWG.Go(func() { _ = s.bus.Run(busCtx) })
+		busWG.Go(func() {
+			select {
+			case <-s.bus.CaughtUp():
+				s.markReady()
+			case <-busCtx.Done():
+			}
+		})
+	} else {
+		s.markReady()
+	}
 
 	var runErr error
 	select {
@@ -561,10 +609,34 @@ func (s *Server) Run(ctx context.Context) error {
 		s.log.Error("shutting down after a listener failure", "err", runErr)
 	}
 	s.drain()
+	stopBus()
+	busWG.Wait()
+	s.closeBus()
 	stopSweep()
 	sweepWG.Wait()
 	wg.Wait()
 	return runErr
+}
+
+// markReady turns the server ready (health SERVING, /readyz ok, Ready
+// closed), unless the drain already began.
+func (s *Server) markReady() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	if s.draining || s.ready.Load() {
+		return
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.ready.Store(true)
+	close(s.readyCh)
+}
+
+// closeBus closes the NATS connection, if any.
+func (s *Server) closeBus() {
+	if s.busConn != nil {
+		s.busConn.Close()
+	}
 }
 
 // stopGrace bounds the wait for handlers after the hard stop.
@@ -573,7 +645,10 @@ const stopGrace = 2 * time.Second
 // drain is Run's shutdown sequence.
 func (s *Server) drain() {
 	start := time.Now()
+	s.readyMu.Lock()
+	s.draining = true
 	s.ready.Store(false)
+	s.readyMu.Unlock()
 	s.metrics.SetUp(false)
 	s.health.Shutdown() // every service NOT_SERVING
 	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
@@ -640,6 +715,7 @@ func (s *Server) Close() error {
 	if s.ran.Load() {
 		return nil
 	}
+	s.closeBus()
 	return errors.Join(s.grpcLis.Close(), s.httpLis.Close(), s.intLis.Close())
 }
 

@@ -1,11 +1,14 @@
 // Command kvevent-subscriber runs beside an inference engine (a sidecar in
 // the engine pod): it follows the engine's ZMQ KV-event stream, keeps the
 // replica's positional index and reports it to the inferencecache server
-// over gRPC. See kvevents/README.md.
+// over gRPC, or with --nats-url to a NATS JetStream stream every server
+// consumes (docs/scaleout.md). See kvevents/README.md.
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/inferencecache/inferencecache/bus"
 	"github.com/inferencecache/inferencecache/kvevents"
 )
 
@@ -44,6 +48,10 @@ func run(args []string) error {
 		logLevel   string
 		refresh    time.Duration
 		heartbeat  time.Duration
+		natsURL    string
+		natsStream bus.StreamConfig
+		natsMaxTTL time.Duration
+		natsMaxPnd int
 	)
 	fs := flag.NewFlagSet("kvevent-subscriber", flag.ContinueOnError)
 	fs.StringVar(&cfg.ReplicaID, "replica-id", "", "replica id reported to the server (the pod name)")
@@ -72,6 +80,12 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.StateInterval, "state-interval", kvevents.DefaultStateInterval, "how often a changed positional index is written to --state-file")
 	fs.DurationVar(&heartbeat, "server-heartbeat-interval", kvevents.DefaultHeartbeat,
 		"send a REPLICA_UPDATED heartbeat after this long without a call to the server, so an idle replica notices a server restart; 0 disables")
+	fs.StringVar(&natsURL, "nats-url", "", "publish to this NATS JetStream server (e.g. nats://nats:4222) instead of --server-address; every server consumes the stream (docs/scaleout.md)")
+	fs.StringVar(&natsStream.Name, "nats-stream", bus.DefaultStream, "JetStream stream name (and subject prefix)")
+	fs.DurationVar(&natsMaxTTL, "nats-max-ttl", bus.DefaultMaxTTL, "the longest entry TTL of any tenant; the stream keeps messages for it plus --refresh-interval")
+	fs.DurationVar(&natsStream.MaxAge, "nats-stream-max-age", 0, "stream retention; 0: --nats-max-ttl + --refresh-interval (the window a restarted server replays)")
+	fs.IntVar(&natsStream.Replicas, "nats-stream-replicas", 1, "stream replicas in a NATS cluster (1 to 5)")
+	fs.IntVar(&natsMaxPnd, "nats-max-pending", bus.DefaultMaxPending, "publishes awaiting their JetStream ack at most")
 	fs.StringVar(&metricsAdr, "metrics-bind-address", ":9091", "address of the subscriber's own /metrics (empty: off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -111,12 +125,38 @@ func run(args []string) error {
 	cfg.Registerer = reg
 	cfg.Logger = log
 
-	conn, err := kvevents.DialServer(serverAddr, tlsFiles)
-	if err != nil {
-		return err
+	var (
+		sink     kvevents.Sink
+		natsSink *kvevents.NATSSink
+		target   = serverAddr
+	)
+	if natsURL != "" {
+		if natsStream.MaxAge == 0 {
+			natsStream.MaxAge = bus.Retention(natsMaxTTL, max(refresh, 0))
+		}
+		if err := natsStream.Validate(); err != nil {
+			return err
+		}
+		nc, err := bus.Connect(natsURL, "kvevent-subscriber "+cfg.ReplicaID, log)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		pub, err := bus.NewPublisher(nc, bus.PublisherConfig{Stream: natsStream, Producer: cfg.ReplicaID + "/" + producerID(), MaxPending: natsMaxPnd, Logger: log})
+		if err != nil {
+			return err
+		}
+		natsSink = kvevents.NewNATSSink(pub, natsStream.Name)
+		sink, target = natsSink, natsURL
+	} else {
+		conn, err := kvevents.DialServer(serverAddr, tlsFiles)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		sink = kvevents.NewGRPCSink(conn, log)
 	}
-	defer conn.Close()
-	sub, err := kvevents.New(cfg, kvevents.NewGRPCSink(conn, log))
+	sub, err := kvevents.New(cfg, sink)
 	if err != nil {
 		return err
 	}
@@ -142,9 +182,16 @@ func run(args []string) error {
 			"refresh_interval", refresh, "default_ttl", defaultServerTTL)
 	}
 	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID,
-		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", serverAddr, "l2", cfg.L2,
+		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", target, "l2", cfg.L2,
 		"refresh_interval", refresh, "state_file", cfg.StateFile, "heartbeat", heartbeat)
 	runErr := sub.Run(ctx) // returns after ctx is done and a bounded flush
+	if natsSink != nil {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := natsSink.Flush(fctx); err != nil {
+			log.Warn("NATS publishes still unacknowledged at exit", "err", err)
+		}
+		cancel()
+	}
 	if metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = metricsSrv.Shutdown(sctx)
@@ -165,4 +212,11 @@ func optionalInterval(flag, what string, d time.Duration) (time.Duration, error)
 		return -1, nil
 	}
 	return d, nil
+}
+
+// producerID is a random id per process, for the NATS producer header.
+func producerID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

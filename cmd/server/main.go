@@ -16,7 +16,9 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/inferencecache/inferencecache/bus"
 	"github.com/inferencecache/inferencecache/rpc"
 	"github.com/inferencecache/inferencecache/server"
 	"github.com/inferencecache/inferencecache/tokenizer/modeldir"
@@ -35,7 +37,8 @@ func main() {
 // when non-nil, receives the server once it serves (tests).
 func run(ctx context.Context, args []string, stderr io.Writer, started func(*server.Server)) error {
 	cfg := server.DefaultConfig()
-	var logFormat, logLevel, metricsModels string
+	var logFormat, logLevel, metricsModels, natsFilters string
+	var natsMaxTTL time.Duration
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.GRPCAddr, "grpc-bind-address", cfg.GRPCAddr, "gRPC listen address")
@@ -69,6 +72,11 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.StringVar(&metricsModels, "metrics-models", "", "comma-separated models that always get their own lookup metric series; other models get them only while the index holds keys for them (the rest share model=\"__other__\")")
 	fs.DurationVar(&cfg.MetricsModelGrace, "metrics-model-grace", cfg.MetricsModelGrace, "how long a model drained to 0 index keys keeps its own metric series")
 	fs.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", rpc.DefaultMaxClockSkew, "producer timestamps later than now plus this are clamped to it (counted in inferencecache_producer_timestamps_clamped_total)")
+	fs.StringVar(&cfg.NATS.URL, "nats-url", "", "also consume producer reports from this NATS JetStream server (e.g. nats://nats:4222); the server replays the stream at start and is ready once caught up (docs/scaleout.md)")
+	fs.StringVar(&cfg.NATS.Stream.Name, "nats-stream", bus.DefaultStream, "JetStream stream name (and subject prefix)")
+	fs.StringVar(&natsFilters, "nats-filter-subjects", "", "comma-separated subjects this server consumes (a shard, e.g. INFERENCECACHE.<tenant>.*); empty: the whole stream")
+	fs.IntVar(&cfg.NATS.ReadyLag, "nats-ready-lag", bus.DefaultReadyLag, "ready once the stream lag is at most this many messages")
+	fs.DurationVar(&natsMaxTTL, "nats-max-ttl", bus.DefaultMaxTTL, "when the server has to create the stream: the longest tenant TTL (retention = this + 5m, the default refresh interval)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -80,6 +88,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	for _, f := range strings.Split(natsFilters, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			cfg.NATS.Filters = append(cfg.NATS.Filters, f)
+		}
+	}
+	cfg.NATS.Stream.MaxAge = bus.Retention(natsMaxTTL, bus.DefaultRefresh)
 	for _, m := range strings.Split(metricsModels, ",") {
 		if m = strings.TrimSpace(m); m != "" {
 			cfg.MetricsModels = append(cfg.MetricsModels, m)

@@ -227,6 +227,7 @@ func poll(limit time.Duration, cond func() bool) (time.Duration, bool) {
 type serverProc struct {
 	*proc
 	grpcPort, httpPort, intPort int
+	extra                       []string // more flags (e.g. --nats-url)
 }
 
 func startServer(t *testing.T, ports *serverProc) *serverProc {
@@ -236,9 +237,9 @@ func startServer(t *testing.T, ports *serverProc) *serverProc {
 	if s == nil {
 		s = &serverProc{grpcPort: freePort(t), httpPort: freePort(t), intPort: freePort(t)}
 	}
-	s.proc = startProc(t, "server", bins.server,
-		"--grpc-bind-address", addr(s.grpcPort), "--http-bind-address", addr(s.httpPort),
-		"--snapshot-bind-address", addr(s.intPort), "--insecure-disable-auth", "--log-format", "text")
+	args := append([]string{"--grpc-bind-address", addr(s.grpcPort), "--http-bind-address", addr(s.httpPort),
+		"--snapshot-bind-address", addr(s.intPort), "--insecure-disable-auth", "--log-format", "text"}, s.extra...)
+	s.proc = startProc(t, "server", bins.server, args...)
 	if _, ok := poll(15*time.Second, func() bool { return httpStatus("http://"+addr(s.httpPort)+"/readyz") == http.StatusOK }); !ok {
 		t.Fatalf("server not ready within 15 s")
 	}

@@ -1,0 +1,359 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Consumer defaults.
+const (
+	// DefaultReadyLag is the lag, in messages, under which the consumer
+	// counts as caught up (--nats-ready-lag).
+	DefaultReadyLag = 64
+	// DefaultMaxBatch bounds the messages handed to Apply at once.
+	DefaultMaxBatch = 256
+	// lagPoll is how often the lag is read from NATS while idle.
+	lagPoll = time.Second
+	// callTimeout bounds one JetStream API call.
+	callTimeout = 5 * time.Second
+	// retry bounds the wait before a new consumer session.
+	retryMin, retryMax = 250 * time.Millisecond, 5 * time.Second
+)
+
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig struct {
+	// Stream names the stream; the consumer creates it with this
+	// configuration when it does not exist (it never updates one).
+	Stream StreamConfig
+	// Filters are the subjects consumed (see Subject, TenantFilter); empty
+	// consumes the whole stream.
+	Filters []string
+	// Apply receives messages in stream order from one goroutine; the
+	// slice and the payloads are valid until it returns. Required.
+	Apply func(batch []Message)
+	// ReadyLag: CaughtUp closes once the messages the stream held at start
+	// are applied and the lag is at most this many messages (or the lag is
+	// 0); 0 means DefaultReadyLag (a negative value means 0).
+	ReadyLag int
+	// MaxBatch; 0 means DefaultMaxBatch.
+	MaxBatch int
+	Logger   *slog.Logger
+}
+
+// Consumer reads the stream from its first retained message with an
+// ordered (ephemeral, per-process, flow-controlled) JetStream consumer, so
+// every server sees every message, in order. On start it replays the
+// retained window; CaughtUp closes once the lag first falls to ReadyLag.
+// When the connection is lost the nats.go ordered consumer recreates itself
+// from the last stream sequence delivered once NATS is back; if that fails
+// (the stream was deleted, ...), Run starts a new session from the last
+// sequence it applied.
+type Consumer struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	cfg ConsumerConfig // immutable after NewConsumer
+	log *slog.Logger
+
+	// caughtUp is closed once (caughtOnce) when the lag first reached
+	// ReadyLag.
+	caughtUp   chan struct{}
+	caughtOnce sync.Once
+
+	// Progress, written by the Run goroutine (and the delivery callback for
+	// delivered), read by metrics and tests at any time.
+	started      time.Time     // set by NewConsumer
+	delivered    atomic.Uint64 // messages handed over by NATS
+	applied      atomic.Uint64 // messages passed to Apply
+	lastSeq      atomic.Uint64 // stream sequence of the last applied message
+	lag          atomic.Uint64 // messages in the stream (filtered) not applied yet
+	replayTarget atomic.Uint64 // messages pending when the first session began
+	replayEnd    atomic.Uint64 // the stream's last sequence then: the replay ends there
+	lastCurrent  atomic.Int64  // unix nanos when the lag was last seen at 0
+	replayNanos  atomic.Int64  // start to caught up; 0 before
+	sessions     atomic.Uint64 // consumer sessions begun
+	byKind       [3]atomic.Uint64
+}
+
+// NewConsumer returns a Consumer on nc (which the caller closes).
+func NewConsumer(nc *nats.Conn, cfg ConsumerConfig) (*Consumer, error) {
+	if err := cfg.Stream.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Apply == nil {
+		return nil, errors.New("bus: ConsumerConfig.Apply is required")
+	}
+	switch {
+	case cfg.ReadyLag == 0:
+		cfg.ReadyLag = DefaultReadyLag
+	case cfg.ReadyLag < 0:
+		cfg.ReadyLag = 0
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create a JetStream context: %w", err)
+	}
+	return &Consumer{nc: nc, js: js, cfg: cfg, log: cfg.Logger, caughtUp: make(chan struct{}), started: time.Now()}, nil
+}
+
+// CaughtUp is closed once the consumer first caught up with the stream.
+func (c *Consumer) CaughtUp() <-chan struct{} { return c.caughtUp }
+
+// Progress is a consistent-enough view of the consumer for metrics.
+type Progress struct {
+	Connected    bool
+	CaughtUp     bool
+	Applied      uint64 // messages applied in all
+	LastSeq      uint64
+	Lag          uint64 // messages not applied yet (last known)
+	ReplayTarget uint64 // messages retained when the first session began
+	Replay       time.Duration
+	// Stale is how long ago the consumer last knew itself current (lag 0);
+	// 0 while it is.
+	Stale    time.Duration
+	Sessions uint64
+	Updates  uint64 // applied messages by kind
+	Events   uint64
+	Unknown  uint64
+}
+
+// Progress returns the consumer's progress.
+func (c *Consumer) Progress() Progress {
+	p := Progress{
+		Connected:    c.nc.Status() == nats.CONNECTED,
+		Applied:      c.applied.Load(),
+		LastSeq:      c.lastSeq.Load(),
+		Lag:          c.lag.Load(),
+		ReplayTarget: c.replayTarget.Load(),
+		Replay:       time.Duration(c.replayNanos.Load()),
+		Sessions:     c.sessions.Load(),
+		Updates:      c.byKind[KindUpdate].Load(),
+		Events:       c.byKind[KindEvent].Load(),
+		Unknown:      c.byKind[KindUnknown].Load(),
+	}
+	select {
+	case <-c.caughtUp:
+		p.CaughtUp = true
+	default:
+	}
+	if !p.Connected || p.Lag > 0 {
+		if last := c.lastCurrent.Load(); last > 0 {
+			p.Stale = time.Since(time.Unix(0, last))
+		} else {
+			p.Stale = time.Since(c.started)
+		}
+	}
+	return p
+}
+
+// Run consumes until ctx ends; it returns ctx.Err().
+func (c *Consumer) Run(ctx context.Context) error {
+	wait := retryMin
+	for {
+		err := c.session(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.log.Warn("NATS consumer session ended; starting a new one", "err", err, "after", wait, "last_seq", c.lastSeq.Load())
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, retryMax)
+	}
+}
+
+// waitConnected waits until nc is connected or ctx ends.
+func (c *Consumer) waitConnected(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for c.nc.Status() != nats.CONNECTED {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// session runs one ordered consumer from the message after the last one
+// applied until ctx ends or it fails.
+func (c *Consumer) session(ctx context.Context) error {
+	if err := c.waitConnected(ctx); err != nil {
+		return err
+	}
+	first := c.sessions.Add(1) == 1
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	stream, err := EnsureStream(cctx, c.js, c.cfg.Stream, false)
+	if err != nil {
+		return err
+	}
+	occ := jetstream.OrderedConsumerConfig{FilterSubjects: c.cfg.Filters, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if last := c.lastSeq.Load(); last > 0 {
+		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last+1
+	}
+	cons, err := stream.OrderedConsumer(cctx, occ)
+	if err != nil {
+		return fmt.Errorf("cannot create the ordered consumer: %w", err)
+	}
+	info, err := cons.Info(cctx)
+	if err != nil {
+		return fmt.Errorf("cannot read the consumer: %w", err)
+	}
+	c.lag.Store(info.NumPending)
+	if first {
+		c.replayTarget.Store(info.NumPending)
+		c.replayEnd.Store(stream.CachedInfo().State.LastSeq)
+		c.log.Info("replaying the NATS stream", "stream", c.cfg.Stream.Name, "messages", info.NumPending, "filters", c.cfg.Filters)
+	}
+	c.noteLag(info.NumPending)
+
+	// The callback only hands messages over; a full channel holds NATS's
+	// delivery back (flow control) until the apply loop catches up.
+	ch := make(chan jetstream.Msg, 4*c.cfg.MaxBatch)
+	errCh := make(chan error, 1)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		c.delivered.Add(1)
+		select {
+		case ch <- m:
+		case <-ctx.Done():
+		}
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		c.log.Debug("NATS consumer", "err", err)
+		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			select {
+			case errCh <- err:
+			default:
+			}
+		}
+	}))
+	if err != nil {
+		return fmt.Errorf("cannot consume: %w", err)
+	}
+	defer cc.Stop()
+
+	batch := make([]Message, 0, c.cfg.MaxBatch)
+	poll := time.NewTicker(lagPoll)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-errCh:
+			return err
+		case <-cc.Closed():
+			return errors.New("bus: the consumer closed")
+		case <-poll.C:
+			c.pollLag(ctx, cons, len(ch))
+			continue
+		case m := <-ch:
+			batch = c.appendMsg(batch[:0], m)
+		}
+		for len(batch) < c.cfg.MaxBatch {
+			select {
+			case m := <-ch:
+				batch = c.appendMsg(batch, m)
+				continue
+			default:
+			}
+			break
+		}
+		c.apply(batch)
+		clear(batch) // drop the payload references
+	}
+}
+
+// appendMsg converts m; its pending count becomes the lag once applied.
+func (c *Consumer) appendMsg(batch []Message, m jetstream.Msg) []Message {
+	msg := Message{Kind: KindOf(m.Headers()), Subject: m.Subject(), Data: m.Data()}
+	if meta, err := m.Metadata(); err == nil {
+		msg.Seq, msg.Time, msg.pending = meta.Sequence.Stream, meta.Timestamp, meta.NumPending
+	}
+	return append(batch, msg)
+}
+
+// apply hands batch to Apply (unknown kinds removed) and records progress.
+func (c *Consumer) apply(batch []Message) {
+	if len(batch) == 0 {
+		return
+	}
+	known := batch[:0]
+	for _, m := range batch {
+		c.byKind[m.Kind].Add(1)
+		if m.Kind == KindUnknown {
+			c.log.Warn("skipping a NATS message without a known kind header", "subject", m.Subject, "seq", m.Seq)
+			c.lastSeq.Store(m.Seq)
+			continue
+		}
+		known = append(known, m)
+	}
+	if len(known) > 0 {
+		c.cfg.Apply(known)
+	}
+	last := batch[len(batch)-1]
+	if len(known) > 0 {
+		last = known[len(known)-1]
+	}
+	c.applied.Add(uint64(len(batch)))
+	if last.Seq > 0 {
+		c.lastSeq.Store(last.Seq)
+	}
+	c.lag.Store(last.pending)
+	c.noteLag(last.pending)
+}
+
+// noteLag records a lag reading: current at 0; caught up at 0, or at
+// ReadyLag once the replay of what the stream held at start is done (the
+// lag bound is for live traffic: at start, ReadyLag messages of thousands
+// of entries each may be most of the window).
+func (c *Consumer) noteLag(lag uint64) {
+	if lag == 0 {
+		c.lastCurrent.Store(time.Now().UnixNano())
+	}
+	if lag == 0 || lag <= uint64(c.cfg.ReadyLag) && c.lastSeq.Load() >= c.replayEnd.Load() {
+		c.caughtOnce.Do(func() {
+			d := time.Since(c.started)
+			c.replayNanos.Store(int64(d))
+			c.log.Info("caught up with the NATS stream", "took", d.Round(time.Millisecond), "applied", c.applied.Load(), "lag", lag)
+			close(c.caughtUp)
+		})
+	}
+}
+
+// pollLag reads the lag from NATS while no message arrives: messages NATS
+// has not delivered plus those delivered and not applied yet.
+func (c *Consumer) pollLag(ctx context.Context, cons jetstream.Consumer, queued int) {
+	if c.nc.Status() != nats.CONNECTED {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	info, err := cons.Info(cctx)
+	if err != nil {
+		return
+	}
+	inFlight := c.delivered.Load() - c.applied.Load()
+	lag := info.NumPending + inFlight
+	c.lag.Store(lag)
+	if queued == 0 && inFlight == 0 {
+		c.noteLag(lag)
+	}
+}

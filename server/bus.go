@@ -1,0 +1,225 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/inferencecache/inferencecache/bus"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+)
+
+// NATSConfig turns on consuming producer reports from a NATS JetStream
+// stream (docs/scaleout.md), alongside the gRPC producer RPCs.
+type NATSConfig struct {
+	// URL of the NATS server(s); empty: no NATS.
+	URL string
+	// Stream is the stream's configuration; the server creates the stream
+	// with it when missing, and never updates an existing one (the
+	// subscribers own its retention).
+	Stream bus.StreamConfig
+	// Filters are the subjects this server consumes (a shard); empty: all.
+	Filters []string
+	// ReadyLag is the lag, in messages, under which the server counts as
+	// caught up and turns ready; 0 means bus.DefaultReadyLag.
+	ReadyLag int
+}
+
+// busApplier applies stream messages through the Service's own producer
+// handlers, so a report means the same whether it came over gRPC or NATS.
+// One goroutine (the consumer's) calls apply.
+type busApplier struct {
+	s   *Server
+	log *slog.Logger
+	// drops counts messages not applied, by reason; read by metrics.
+	malformed, refused, panics atomic.Uint64
+	// lastWarn rate-limits the drop log (unix nanos).
+	lastWarn atomic.Int64
+}
+
+// Reasons of inferencecache_bus_messages_dropped_total.
+const (
+	busDropMalformed = "malformed" // the payload does not decode
+	busDropRefused   = "refused"   // the handler refused it (an oversized id)
+	busDropPanic     = "panic"     // the handler panicked (a bug; logged with the stack)
+)
+
+func (a *busApplier) apply(batch []bus.Message) {
+	for len(batch) > 0 {
+		if batch[0].Kind != bus.KindUpdate {
+			a.event(batch[0])
+			batch = batch[1:]
+			continue
+		}
+		n := 1
+		for n < len(batch) && batch[n].Kind == bus.KindUpdate {
+			n++
+		}
+		a.updates(batch[:n])
+		batch = batch[n:]
+	}
+}
+
+// updates feeds consecutive updates to ReportCacheState as one stream (its
+// message and converter are reused across them).
+func (a *busApplier) updates(msgs []bus.Message) {
+	defer a.recover()
+	st := &busStream{ctx: context.Background(), msgs: msgs, a: a}
+	if err := a.s.service.ReportCacheState(st); err != nil {
+		a.refused.Add(1)
+		a.warn("a NATS update was refused", "err", err)
+	}
+}
+
+func (a *busApplier) event(m bus.Message) {
+	defer a.recover()
+	var ev pb.CacheEvent
+	if err := bus.DecodeEvent(m.Data, &ev); err != nil {
+		a.malformed.Add(1)
+		a.warn("skipping a malformed NATS event", "subject", m.Subject, "seq", m.Seq, "err", err)
+		return
+	}
+	if ev.TimestampUs == 0 {
+		ev.TimestampUs = m.Time.UnixMicro() // 0 means "now": the time it was published
+	}
+	if _, err := a.s.service.PublishEvent(context.Background(), &ev); err != nil {
+		a.refused.Add(1)
+		a.warn("a NATS event was refused", "subject", m.Subject, "seq", m.Seq, "err", err)
+	}
+}
+
+func (a *busApplier) recover() {
+	if r := recover(); r != nil {
+		a.panics.Add(1)
+		a.s.log.Error("BUG: panic applying a NATS message; skipped", "panic", r)
+	}
+}
+
+// warn logs at most once per 10 s at WARN, else at DEBUG.
+func (a *busApplier) warn(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	if last := a.lastWarn.Load(); now-last > int64(10*time.Second) && a.lastWarn.CompareAndSwap(last, now) {
+		a.log.Warn(msg, args...)
+		return
+	}
+	a.log.Debug(msg, args...)
+}
+
+// busStream presents stream messages to Service.ReportCacheState as a
+// client stream: RecvMsg decodes the next update in place (skipping and
+// counting malformed ones), then io.EOF.
+type busStream struct {
+	ctx  context.Context
+	msgs []bus.Message
+	a    *busApplier
+}
+
+var _ pb.InferenceCache_ReportCacheStateServer = (*busStream)(nil)
+
+func (s *busStream) RecvMsg(m any) error {
+	u, ok := m.(*pb.CacheStateUpdate)
+	if !ok {
+		return fmt.Errorf("BUG: busStream.RecvMsg(%T)", m)
+	}
+	for len(s.msgs) > 0 {
+		msg := s.msgs[0]
+		s.msgs = s.msgs[1:]
+		if err := bus.DecodeUpdate(msg.Data, u); err != nil {
+			s.a.malformed.Add(1)
+			s.a.warn("skipping a malformed NATS update", "subject", msg.Subject, "seq", msg.Seq, "err", err)
+			continue
+		}
+		if u.TimestampUs == 0 {
+			u.TimestampUs = msg.Time.UnixMicro()
+		}
+		return nil
+	}
+	return io.EOF
+}
+
+func (s *busStream) Recv() (*pb.CacheStateUpdate, error) {
+	u := new(pb.CacheStateUpdate)
+	if err := s.RecvMsg(u); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+func (s *busStream) SendAndClose(*pb.Ack) error   { return nil }
+func (s *busStream) SetHeader(metadata.MD) error  { return nil }
+func (s *busStream) SendHeader(metadata.MD) error { return nil }
+func (s *busStream) SetTrailer(metadata.MD)       {}
+func (s *busStream) Context() context.Context     { return s.ctx }
+func (s *busStream) SendMsg(any) error            { return errors.New("busStream: SendMsg is not supported") }
+
+// newBus connects to NATS (without waiting) and builds the consumer.
+func (s *Server) newBus() error {
+	c := s.cfg.NATS
+	nc, err := bus.Connect(c.URL, "inferencecache-server "+s.instanceID, s.log)
+	if err != nil {
+		return err
+	}
+	s.busApp = &busApplier{s: s, log: s.log}
+	s.bus, err = bus.NewConsumer(nc, bus.ConsumerConfig{
+		Stream: c.Stream, Filters: c.Filters, Apply: s.busApp.apply, ReadyLag: c.ReadyLag, Logger: s.log,
+	})
+	if err != nil {
+		nc.Close()
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	s.busConn = nc
+	s.registerBusMetrics()
+	return nil
+}
+
+// registerBusMetrics exports the consumer's progress (docs/metrics.md).
+func (s *Server) registerBusMetrics() {
+	const ns, sub = "inferencecache", "bus"
+	p := func() bus.Progress { return s.bus.Progress() }
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
+	}
+	counter := func(name, help string, labels prometheus.Labels, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	const msgsHelp = "NATS messages applied, by kind (update, event, unknown: skipped)."
+	const dropHelp = "NATS messages not applied, by reason (malformed, refused, panic)."
+	s.metrics.Registry().MustRegister(
+		gauge("connected", "1 while the server is connected to NATS.", func() float64 { return b2f(p().Connected) }),
+		gauge("caught_up", "1 once the server caught up with the stream after its start (it is ready from then on).", func() float64 { return b2f(p().CaughtUp) }),
+		gauge("consumer_lag_messages", "Messages in the stream (this server's filter) not applied yet, last known.", func() float64 { return float64(p().Lag) }),
+		gauge("consumer_stale_seconds", "Seconds since the server last knew itself current with the stream (lag 0 and connected); 0 while it is.", func() float64 { return p().Stale.Seconds() }),
+		gauge("replay_target_messages", "Messages retained in the stream when the server started: the replay's size.", func() float64 { return float64(p().ReplayTarget) }),
+		gauge("replay_progress_ratio", "Share of the start replay applied, 0 to 1.", func() float64 {
+			pr := p()
+			if pr.ReplayTarget == 0 || pr.Applied >= pr.ReplayTarget {
+				return 1
+			}
+			return float64(pr.Applied) / float64(pr.ReplayTarget)
+		}),
+		gauge("replay_duration_seconds", "Seconds from start until the server caught up; 0 before.", func() float64 { return p().Replay.Seconds() }),
+		gauge("last_sequence", "Stream sequence of the last message applied.", func() float64 { return float64(p().LastSeq) }),
+		counter("messages_total", msgsHelp, prometheus.Labels{"kind": "update"}, func() float64 { return float64(p().Updates) }),
+		counter("messages_total", msgsHelp, prometheus.Labels{"kind": "event"}, func() float64 { return float64(p().Events) }),
+		counter("messages_total", msgsHelp, prometheus.Labels{"kind": "unknown"}, func() float64 { return float64(p().Unknown) }),
+		counter("messages_dropped_total", dropHelp, prometheus.Labels{"reason": busDropMalformed}, func() float64 { return float64(s.busApp.malformed.Load()) }),
+		counter("messages_dropped_total", dropHelp, prometheus.Labels{"reason": busDropRefused}, func() float64 { return float64(s.busApp.refused.Load()) }),
+		counter("messages_dropped_total", dropHelp, prometheus.Labels{"reason": busDropPanic}, func() float64 { return float64(s.busApp.panics.Load()) }),
+	)
+}
+
+// Bus returns the NATS consumer, nil without NATS.
+func (s *Server) Bus() *bus.Consumer { return s.bus }
