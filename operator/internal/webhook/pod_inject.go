@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -87,7 +86,8 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	log := logf.FromContext(ctx)
 	var pod corev1.Pod
 	if err := p.Decoder.Decode(req, &pod); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
+		// Fail open here too: whether the pod is valid is the apiserver's call.
+		return admission.Allowed("").WithWarnings("inferencecache: not injected (fail open): cannot decode the pod: " + err.Error())
 	}
 	if skip(&pod) {
 		return admission.Allowed("")

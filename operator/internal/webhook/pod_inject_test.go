@@ -1,13 +1,18 @@
 package webhook
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
 
+	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 )
@@ -219,4 +224,34 @@ func TestBackendFor(t *testing.T) {
 	if _, err := (&PodInjector{Reader: newClient(t, true)}).backendFor(ctx(t), "ns", sel); err == nil {
 		t.Error("list failure not reported")
 	}
+}
+
+func TestHandleFailsOpen(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(enginePod(map[string]string{"app": "e"}))
+	req := func(obj []byte) admission.Request {
+		return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Operation: admissionv1.Create, Namespace: "ns", Object: runtime.RawExtension{Raw: obj},
+			Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+		}}
+	}
+	f := func(name string, p *PodInjector, obj []byte, wantPatch bool) {
+		t.Helper()
+		resp := p.Handle(ctx(t), req(obj))
+		if !resp.Allowed {
+			t.Errorf("%s: refused: %v", name, resp.Result)
+		}
+		if got := len(resp.Patches) > 0; got != wantPatch {
+			t.Errorf("%s: patches %v, want patch %v", name, resp.Patches, wantPatch)
+		}
+	}
+	dec := admission.NewDecoder(s)
+	f("list fails", &PodInjector{Reader: newClient(t, true), Decoder: dec}, raw, false)
+	f("no reader", &PodInjector{Decoder: dec}, raw, false)
+	f("undecodable", &PodInjector{Reader: newClient(t, false), Decoder: dec}, []byte("{"), false)
+	f("no backend", &PodInjector{Reader: newClient(t, false), Decoder: dec}, raw, false)
+	f("matched", &PodInjector{Reader: newClient(t, false, backend("ns", "cb", map[string]string{"app": "e"}, nil)), Decoder: dec}, raw, true)
 }
