@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/controller"
 )
 
 func backend(ns, name string, sel map[string]string, mut func(*v1alpha1.CacheBackend)) *v1alpha1.CacheBackend {
@@ -254,4 +255,12 @@ func TestHandleFailsOpen(t *testing.T) {
 	f("undecodable", &PodInjector{Reader: newClient(t, false), Decoder: dec}, []byte("{"), false)
 	f("no backend", &PodInjector{Reader: newClient(t, false), Decoder: dec}, raw, false)
 	f("matched", &PodInjector{Reader: newClient(t, false, backend("ns", "cb", map[string]string{"app": "e"}, nil)), Decoder: dec}, raw, true)
+}
+
+// The snapshot projection attributes replicas through the annotation this
+// webhook writes.
+func TestInjectedByMatchesAttribution(t *testing.T) {
+	if AnnotationInjectedBy != controller.InjectedByAnnotation {
+		t.Fatalf("webhook writes %q, the controller reads %q", AnnotationInjectedBy, controller.InjectedByAnnotation)
+	}
 }
