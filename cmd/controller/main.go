@@ -1,7 +1,7 @@
 // Command controller runs the inferencecache operator: the CachePolicy /
 // CacheTenant propagation to the routing server, the CacheIndex and
-// CacheTenant status projection of the server's snapshot, and the validating
-// admission webhooks. All wiring lives in operator/manager.
+// CacheTenant status projection of the server's snapshot, the validating
+// admission webhooks and the engine pod-injection webhook. All wiring lives in operator/manager.
 package main
 
 import (
@@ -23,7 +23,7 @@ func main() {
 	flag.DurationVar(&o.SnapshotInterval, "snapshot-interval", manager.DefaultInterval, "Period of the /snapshot poll.")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; 0 disables it.")
 	flag.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "Address of /healthz and /readyz.")
-	flag.BoolVar(&o.LeaderElect, "leader-elect", false, "Elect a leader so only one replica runs the controllers (webhooks run on every replica).")
+	flag.BoolVar(&o.LeaderElect, "leader-elect", true, "Elect a leader so only one replica runs the controllers (webhooks run on every replica); needs POD_NAMESPACE. --leader-elect=false for a single replica run outside a cluster.")
 	flag.StringVar(&o.LeaderElectionID, "leader-election-id", "inferencecache-controller.inferencecache.io", "Name of the leader election Lease.")
 	flag.BoolVar(&o.EnableWebhooks, "enable-webhooks", true, "Serve the validating admission webhooks.")
 	flag.StringVar(&o.WebhookHost, "webhook-host", "", "Address the webhook server binds; empty means all interfaces.")
@@ -32,7 +32,10 @@ func main() {
 	flag.BoolVar(&o.SelfSignedCerts, "webhook-self-signed", true, "Issue the webhook certificate from a CA kept in --webhook-secret-name and set the caBundle; false expects tls.crt/tls.key mounted in --webhook-cert-dir (e.g. by cert-manager).")
 	flag.StringVar(&o.WebhookSecretName, "webhook-secret-name", "inferencecache-webhook-cert", "Secret (in the pod's namespace, POD_NAMESPACE) that keeps the self-signed webhook CA and certificate.")
 	flag.StringVar(&o.WebhookServiceName, "webhook-service-name", "inferencecache-webhook-service", "Service the apiserver calls the webhooks through.")
-	flag.StringVar(&o.WebhookConfigName, "webhook-config-name", "inferencecache-validating-webhook", "ValidatingWebhookConfiguration whose caBundle is set.")
+	flag.StringVar(&o.WebhookConfigName, "webhook-config-name", "inferencecache-validating-webhook", "ValidatingWebhookConfiguration whose caBundle is kept.")
+	flag.StringVar(&o.MutatingWebhookConfigName, "mutating-webhook-config-name", "inferencecache-mutating-webhook", "MutatingWebhookConfiguration (engine pod injection) whose caBundle is kept.")
+	flag.StringVar(&o.PodInjection.SubscriberImage, "kvevent-subscriber-image", "", "Image of the kvevent-subscriber sidecar injected into engine pods a CacheBackend selects; empty injects the engine's KV-event args and env but no sidecar.")
+	flag.StringVar(&o.PodInjection.ServerAddress, "kvevent-server-address", "inferencecache-server.inferencecache-system.svc:9090", "gRPC address of the routing server the injected sidecar reports to.")
 	klog.InitFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(klog.NewKlogr())

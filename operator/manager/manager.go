@@ -51,6 +51,11 @@ type Options struct {
 	WebhookSecretName   string
 	WebhookServiceName  string
 	WebhookConfigName   string
+	// MutatingWebhookConfigName is the MutatingWebhookConfiguration (pod
+	// injection) whose caBundle is kept.
+	MutatingWebhookConfigName string
+	// PodInjection configures the mutating pod webhook.
+	PodInjection icwebhook.PodInjectorOptions
 }
 
 // Scheme returns a scheme with the built-in kinds and inferencecache.io/v1alpha1.
@@ -74,20 +79,29 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	if ns == "" && (f.LeaderElect || f.EnableWebhooks && f.SelfSignedCerts) {
 		return ErrNoNamespace
 	}
+	var (
+		certOpts certs.Options
+		keeper   *certs.Keeper
+	)
 	if f.EnableWebhooks && f.SelfSignedCerts {
 		c, err := client.New(cfg, client.Options{Scheme: scheme})
 		if err != nil {
 			return fmt.Errorf("cannot create bootstrap client: %w", err)
 		}
-		cctx, cancel := context.WithTimeout(ctx, time.Minute)
-		_, err = certs.Ensure(cctx, c, certs.Options{
+		certOpts = certs.Options{
 			Namespace: ns, SecretName: f.WebhookSecretName, ServiceName: f.WebhookServiceName,
 			CertDir: f.WebhookCertDir, WebhookConfigName: f.WebhookConfigName,
-		})
+			MutatingWebhookConfigName: f.MutatingWebhookConfigName,
+		}
+		// The first pass runs before the webhook server starts, which needs
+		// the files; the Keeper added below keeps them right afterwards.
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		_, err = certs.Ensure(cctx, c, certOpts)
 		cancel()
 		if err != nil {
 			return err
 		}
+		keeper = &certs.Keeper{Config: cfg, Scheme: scheme, Client: c, Options: certOpts, Log: ctrl.Log.WithName("certs")}
 		log.Info("webhook certificate ready", "secret", ns+"/"+f.WebhookSecretName)
 	}
 
@@ -120,6 +134,12 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	if f.EnableWebhooks {
 		if err := icwebhook.Setup(mgr, mgr.GetAPIReader()); err != nil {
 			return fmt.Errorf("cannot set up webhooks: %w", err)
+		}
+		icwebhook.SetupPodInjection(mgr, mgr.GetClient(), f.PodInjection)
+		if keeper != nil {
+			if err := mgr.Add(keeper); err != nil {
+				return fmt.Errorf("cannot add the webhook certificate keeper: %w", err)
+			}
 		}
 		ready = mgr.GetWebhookServer().StartedChecker()
 	}

@@ -82,7 +82,10 @@ type CacheTenantStatus struct {
 	// +optional
 	IndexEntries *int64 `json:"indexEntries,omitempty"`
 
-	// Conditions holds Ready and QuotaExceeded.
+	// Conditions holds Ready and QuotaExceeded, and, on the CacheTenant
+	// whose quota is pushed to the routing servers (the owner of its tenant
+	// id, with spec.quota.maxIndexEntries), Propagated: whether the servers
+	// acknowledged the push, with the reasons of CachePolicy's condition.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

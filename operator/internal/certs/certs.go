@@ -1,23 +1,36 @@
 // Package certs gives the webhook server a serving certificate without
 // cert-manager.
 //
-// The controller keeps a small private CA and a serving certificate for the
-// webhook Service in one Secret. At start-up Ensure reads that Secret (or
-// creates it, once, racing replicas settle on whichever create won), writes
-// tls.crt and tls.key where the webhook server reads them, and sets the CA
-// as caBundle on every webhook of the ValidatingWebhookConfiguration. Every
-// replica therefore serves a certificate from the same CA, and the caBundle
-// is the same whichever replica patched it last.
+// The controller keeps a small private CA (certificate and key) in one
+// Secret of its namespace. Every replica:
 //
-// The CA is valid 10 years and the serving certificate 5; Ensure reissues
-// both when the serving certificate has less than a year left or does not
-// cover the Service's DNS names. Deleting the Secret and restarting the
-// controller rotates them.
+//   - reads that Secret, or creates it once (racing replicas settle on
+//     whichever create won);
+//   - signs its own serving certificate for the webhook Service under the
+//     Secret's CA and writes tls.crt and tls.key where its webhook server
+//     reads them (controller-runtime reloads them when they change);
+//   - sets the Secret's ca.crt as caBundle on every webhook of the
+//     validating and mutating webhook configurations.
+//
+// So whichever replica the apiserver reaches, its certificate chains to the
+// one caBundle, and every replica writes the same caBundle. Keeper repeats
+// this whenever the Secret or a webhook configuration changes (a
+// configuration deleted and re-applied without a caBundle gets it back at
+// once), and hourly to renew certificates before they expire.
+//
+// The CA is valid 10 years and rotated when less than one is left; ca.crt
+// then holds the new CA first and the previous one after it until it
+// expires, so certificates signed by either are trusted while the replicas
+// re-sign theirs. A serving certificate is valid one year and re-signed
+// with 90 days left, or as soon as it does not chain to the current CA or
+// does not cover the Service's names. A Secret written by an older release
+// (ca.crt, tls.crt, tls.key and no ca.key) is rotated on first sight.
 package certs
 
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -43,18 +56,20 @@ import (
 
 // Options names the objects Ensure works on.
 type Options struct {
-	// Namespace and SecretName locate the Secret holding ca.crt, tls.crt and
-	// tls.key.
+	// Namespace and SecretName locate the Secret holding ca.crt and ca.key.
 	Namespace  string
 	SecretName string
 	// ServiceName is the webhook Service; the certificate covers
 	// <svc>, <svc>.<ns>, <svc>.<ns>.svc and <svc>.<ns>.svc.cluster.local.
 	ServiceName string
-	// CertDir receives tls.crt and tls.key.
+	// CertDir receives this replica's tls.crt and tls.key.
 	CertDir string
 	// WebhookConfigName is the ValidatingWebhookConfiguration whose caBundle
-	// is set; empty skips the patch.
+	// is set; empty skips it.
 	WebhookConfigName string
+	// MutatingWebhookConfigName is the MutatingWebhookConfiguration whose
+	// caBundle is set; empty skips it.
+	MutatingWebhookConfigName string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -64,87 +79,123 @@ var ErrIncomplete = errors.New("certs: Namespace, SecretName, ServiceName and Ce
 
 const (
 	caValidity      = 10 * 365 * 24 * time.Hour
-	leafValidity    = 5 * 365 * 24 * time.Hour
-	renewBefore     = 365 * 24 * time.Hour
+	caRenewBefore   = 365 * 24 * time.Hour
+	leafValidity    = 365 * 24 * time.Hour
+	leafRenewBefore = 90 * 24 * time.Hour
 	keyCA           = "ca.crt"
+	keyCAKey        = "ca.key"
 	keyCert         = corev1.TLSCertKey
 	keyKey          = corev1.TLSPrivateKeyKey
 	secretManagedBy = "inferencecache-controller"
+	pemCertificate  = "CERTIFICATE"
+	pemECPrivateKey = "EC PRIVATE KEY"
+	caCommonName    = "inferencecache-webhook-ca"
+	maxBundleCerts  = 4 // current CA plus the unexpired previous ones
 )
 
-// Ensure makes the Secret, the files in CertDir and the caBundle agree; see
-// the package doc. It returns the PEM CA certificate.
+func (o *Options) now() time.Time {
+	if o.Now != nil {
+		return o.Now()
+	}
+	return time.Now()
+}
+
+// Ensure makes the Secret, this replica's files in CertDir and the
+// caBundles agree; see the package doc. A webhook configuration that does
+// not exist is skipped. It returns the PEM caBundle.
 func Ensure(ctx context.Context, c client.Client, o Options) ([]byte, error) {
 	if o.Namespace == "" || o.SecretName == "" || o.ServiceName == "" || o.CertDir == "" {
 		return nil, ErrIncomplete
 	}
-	now := time.Now
-	if o.Now != nil {
-		now = o.Now
-	}
-	dns := DNSNames(o.ServiceName, o.Namespace)
-	key := types.NamespacedName{Namespace: o.Namespace, Name: o.SecretName}
-
-	var sec corev1.Secret
-	err := c.Get(ctx, key, &sec)
-	switch {
-	case apierrors.IsNotFound(err):
-		sec = corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.SecretName,
-				Labels: map[string]string{"app.kubernetes.io/managed-by": secretManagedBy}},
-			Type: corev1.SecretTypeTLS,
-		}
-		if sec.Data, err = Issue(dns, now()); err != nil {
-			return nil, err
-		}
-		if err = c.Create(ctx, &sec); apierrors.IsAlreadyExists(err) {
-			// Another replica won the race: use its certificate.
-			err = c.Get(ctx, key, &sec)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("cannot create webhook certificate secret %s: %w", key, err)
-		}
-	case err != nil:
-		return nil, fmt.Errorf("cannot read webhook certificate secret %s: %w", key, err)
-	}
-	if !Valid(sec.Data, dns, now()) {
-		data, err := Issue(dns, now())
-		if err != nil {
-			return nil, err
-		}
-		sec.Data = data
-		if err := c.Update(ctx, &sec); err != nil {
-			// A conflict means another replica reissued first; restart picks it up.
-			return nil, fmt.Errorf("cannot update webhook certificate secret %s: %w", key, err)
-		}
-	}
-	if err := writeFiles(o.CertDir, sec.Data); err != nil {
+	ca, err := ensureCA(ctx, c, &o)
+	if err != nil {
 		return nil, err
 	}
-	ca := sec.Data[keyCA]
-	if o.WebhookConfigName != "" {
-		if err := patchCABundle(ctx, c, o.WebhookConfigName, ca); err != nil {
-			return nil, err
+	if err := ensureLeaf(o.CertDir, ca, DNSNames(o.ServiceName, o.Namespace), o.now()); err != nil {
+		return nil, err
+	}
+	if err := PatchCABundles(ctx, c, o.WebhookConfigName, o.MutatingWebhookConfigName, ca.bundle); err != nil {
+		return nil, err
+	}
+	return ca.bundle, nil
+}
+
+// authority is the CA read from the Secret.
+type authority struct {
+	cert   *x509.Certificate
+	key    crypto.Signer
+	bundle []byte // PEM: cert first, then the previous CAs still valid
+}
+
+// ensureCA returns the Secret's CA, creating the Secret or rotating its CA
+// when it is missing, unreadable or close to expiry.
+func ensureCA(ctx context.Context, c client.Client, o *Options) (*authority, error) {
+	key := types.NamespacedName{Namespace: o.Namespace, Name: o.SecretName}
+	var out *authority
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var sec corev1.Secret
+		err := c.Get(ctx, key, &sec)
+		switch {
+		case apierrors.IsNotFound(err):
+			ca, data, err := newAuthority(o.now(), nil)
+			if err != nil {
+				return err
+			}
+			sec = corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.SecretName,
+					Labels: map[string]string{"app.kubernetes.io/managed-by": secretManagedBy}},
+				Type: corev1.SecretTypeOpaque,
+				Data: data,
+			}
+			err = c.Create(ctx, &sec)
+			if apierrors.IsAlreadyExists(err) {
+				// Another replica won the race: read its CA (as a conflict,
+				// so the retry loop goes round again).
+				return apierrors.NewConflict(corev1.Resource("secrets"), o.SecretName, err)
+			}
+			if err != nil {
+				return fmt.Errorf("cannot create webhook CA secret %s: %w", key, err)
+			}
+			out = ca
+			return nil
+		case err != nil:
+			return fmt.Errorf("cannot read webhook CA secret %s: %w", key, err)
 		}
-	}
-	return ca, nil
-}
-
-// DNSNames are the names a Service is reached by from the apiserver.
-func DNSNames(svc, ns string) []string {
-	return []string{svc, svc + "." + ns, svc + "." + ns + ".svc", svc + "." + ns + ".svc.cluster.local"}
-}
-
-// Issue creates a CA and a serving certificate for dns, returned as Secret
-// data (ca.crt, tls.crt, tls.key; PEM).
-func Issue(dns []string, now time.Time) (map[string][]byte, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if ca := parseAuthority(sec.Data, o.now()); ca != nil {
+			out = ca
+			return nil
+		}
+		ca, data, err := newAuthority(o.now(), sec.Data[keyCA])
+		if err != nil {
+			return err
+		}
+		if sec.Data == nil {
+			sec.Data = map[string][]byte{}
+		}
+		sec.Data[keyCA], sec.Data[keyCAKey] = data[keyCA], data[keyCAKey]
+		if err := c.Update(ctx, &sec); err != nil {
+			// A conflict means another replica rotated first: read its CA.
+			return err
+		}
+		out = ca
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("cannot generate CA key: %w", err)
+		return nil, fmt.Errorf("cannot keep webhook CA secret %s: %w", key, err)
 	}
-	caTmpl := &x509.Certificate{
+	return out, nil
+}
+
+// newAuthority creates a CA and its Secret data; the certificates of prev
+// (a PEM bundle) that are still valid at now follow the new one in ca.crt.
+func newAuthority(now time.Time, prev []byte) (*authority, map[string][]byte, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cannot generate CA key: %w", err)
+	}
+	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "inferencecache-webhook-ca"},
+		Subject:               pkix.Name{CommonName: caCommonName},
 		NotBefore:             now.Add(-time.Hour),
 		NotAfter:              now.Add(caValidity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
@@ -152,16 +203,71 @@ func Issue(dns []string, now time.Time) (map[string][]byte, error) {
 		IsCA:                  true,
 		MaxPathLenZero:        true,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
 	if err != nil {
-		return nil, fmt.Errorf("cannot sign CA certificate: %w", err)
+		return nil, nil, fmt.Errorf("cannot sign CA certificate: %w", err)
 	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert, _ := x509.ParseCertificate(der)
+	keyDER, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cannot encode CA key: %w", err)
+	}
+	bundle := pem.EncodeToMemory(&pem.Block{Type: pemCertificate, Bytes: der})
+	kept := 1
+	for _, old := range parseCerts(prev) {
+		if kept < maxBundleCerts && now.Before(old.NotAfter) {
+			bundle = append(bundle, pem.EncodeToMemory(&pem.Block{Type: pemCertificate, Bytes: old.Raw})...)
+			kept++
+		}
+	}
+	data := map[string][]byte{keyCA: bundle, keyCAKey: pem.EncodeToMemory(&pem.Block{Type: pemECPrivateKey, Bytes: keyDER})}
+	return &authority{cert: cert, key: k, bundle: bundle}, data, nil
+}
+
+// parseAuthority returns the CA of Secret data when ca.key matches the first
+// certificate of ca.crt, which is a CA with more than caRenewBefore left;
+// otherwise nil (the caller rotates).
+func parseAuthority(data map[string][]byte, now time.Time) *authority {
+	certs := parseCerts(data[keyCA])
+	b, _ := pem.Decode(data[keyCAKey])
+	if len(certs) == 0 || b == nil {
+		return nil
+	}
+	k, err := x509.ParseECPrivateKey(b.Bytes)
+	if err != nil {
+		return nil
+	}
+	ca := certs[0]
+	pub, ok := ca.PublicKey.(*ecdsa.PublicKey)
+	if !ok || !pub.Equal(&k.PublicKey) || !ca.IsCA || now.Add(caRenewBefore).After(ca.NotAfter) || now.Before(ca.NotBefore) {
+		return nil
+	}
+	return &authority{cert: ca, key: k, bundle: data[keyCA]}
+}
+
+// ensureLeaf keeps dir's tls.crt and tls.key a serving certificate for dns
+// signed by ca, re-signing when it is missing, signed by another CA, short
+// of a name, or within leafRenewBefore of expiry.
+func ensureLeaf(dir string, ca *authority, dns []string, now time.Time) error {
+	cur, _ := os.ReadFile(filepath.Join(dir, keyCert))
+	keyPEM, _ := os.ReadFile(filepath.Join(dir, keyKey))
+	if len(keyPEM) > 0 && LeafValid(cur, ca.cert, dns, now) {
+		return nil
+	}
+	data, err := signLeaf(ca, dns, now)
+	if err != nil {
+		return err
+	}
+	return writeFiles(dir, data)
+}
+
+// signLeaf creates a key and a serving certificate for dns signed by ca.
+func signLeaf(ca *authority, dns []string, now time.Time) (map[string][]byte, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("cannot generate serving key: %w", err)
 	}
-	leafTmpl := &x509.Certificate{
+	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: dns[0]},
 		DNSNames:     dns,
@@ -170,29 +276,29 @@ func Issue(dns []string, now time.Time) (map[string][]byte, error) {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, caCert, &leafKey.PublicKey, caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &k.PublicKey, ca.key)
 	if err != nil {
 		return nil, fmt.Errorf("cannot sign serving certificate: %w", err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(leafKey)
+	keyDER, err := x509.MarshalECPrivateKey(k)
 	if err != nil {
 		return nil, fmt.Errorf("cannot encode serving key: %w", err)
 	}
 	return map[string][]byte{
-		keyCA:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		keyCert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER}),
-		keyKey:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		keyCert: pem.EncodeToMemory(&pem.Block{Type: pemCertificate, Bytes: der}),
+		keyKey:  pem.EncodeToMemory(&pem.Block{Type: pemECPrivateKey, Bytes: keyDER}),
 	}, nil
 }
 
-// Valid reports whether data holds a serving certificate signed by its CA,
-// covering every name in dns, with more than renewBefore left at now.
-func Valid(data map[string][]byte, dns []string, now time.Time) bool {
-	ca, leaf := parseCert(data[keyCA]), parseCert(data[keyCert])
-	if ca == nil || leaf == nil || len(data[keyKey]) == 0 {
+// LeafValid reports whether certPEM is a serving certificate signed by ca,
+// covering every name in dns, with more than the renewal margin left at now.
+func LeafValid(certPEM []byte, ca *x509.Certificate, dns []string, now time.Time) bool {
+	certs := parseCerts(certPEM)
+	if len(certs) == 0 || ca == nil {
 		return false
 	}
-	if now.Add(renewBefore).After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
+	leaf := certs[0]
+	if now.Add(leafRenewBefore).After(leaf.NotAfter) || now.Before(leaf.NotBefore) {
 		return false
 	}
 	pool := x509.NewCertPool()
@@ -205,16 +311,26 @@ func Valid(data map[string][]byte, dns []string, now time.Time) bool {
 	return true
 }
 
-func parseCert(p []byte) *x509.Certificate {
-	b, _ := pem.Decode(p)
-	if b == nil {
-		return nil
+// DNSNames are the names a Service is reached by from the apiserver.
+func DNSNames(svc, ns string) []string {
+	return []string{svc, svc + "." + ns, svc + "." + ns + ".svc", svc + "." + ns + ".svc.cluster.local"}
+}
+
+func parseCerts(p []byte) []*x509.Certificate {
+	var out []*x509.Certificate
+	for {
+		var b *pem.Block
+		b, p = pem.Decode(p)
+		if b == nil {
+			return out
+		}
+		if b.Type != pemCertificate {
+			continue
+		}
+		if c, err := x509.ParseCertificate(b.Bytes); err == nil {
+			out = append(out, c)
+		}
 	}
-	c, err := x509.ParseCertificate(b.Bytes)
-	if err != nil {
-		return nil
-	}
-	return c
 }
 
 func serial() *big.Int {
@@ -225,13 +341,13 @@ func serial() *big.Int {
 	return n
 }
 
-// writeFiles writes tls.crt and tls.key into dir (0600 for the key), each
-// through a temporary file and a rename so a reader never sees half a file.
+// writeFiles writes tls.key then tls.crt into dir (0600), each through a
+// temporary file and a rename so a reader never sees half a file.
 func writeFiles(dir string, data map[string][]byte) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("cannot create certificate dir %s: %w", dir, err)
 	}
-	for _, name := range []string{keyCert, keyKey} {
+	for _, name := range []string{keyKey, keyCert} {
 		tmp, err := os.CreateTemp(dir, "."+name+"-*")
 		if err != nil {
 			return fmt.Errorf("cannot write %s: %w", name, err)
@@ -249,28 +365,56 @@ func writeFiles(dir string, data map[string][]byte) error {
 	return nil
 }
 
-// patchCABundle sets ca on every webhook of the named configuration, retrying
-// on update conflicts.
-func patchCABundle(ctx context.Context, c client.Client, name string, ca []byte) error {
+// PatchCABundles sets ca on every webhook of the named validating and
+// mutating configurations (an empty name is skipped, a missing
+// configuration too), retrying on update conflicts.
+func PatchCABundles(ctx context.Context, c client.Client, validating, mutating string, ca []byte) error {
+	var errs []error
+	if validating != "" {
+		errs = append(errs, patch(ctx, c, "ValidatingWebhookConfiguration", validating, &admissionregistrationv1.ValidatingWebhookConfiguration{}, ca, func(o client.Object) []*[]byte {
+			v := o.(*admissionregistrationv1.ValidatingWebhookConfiguration)
+			out := make([]*[]byte, len(v.Webhooks))
+			for i := range v.Webhooks {
+				out[i] = &v.Webhooks[i].ClientConfig.CABundle
+			}
+			return out
+		}))
+	}
+	if mutating != "" {
+		errs = append(errs, patch(ctx, c, "MutatingWebhookConfiguration", mutating, &admissionregistrationv1.MutatingWebhookConfiguration{}, ca, func(o client.Object) []*[]byte {
+			m := o.(*admissionregistrationv1.MutatingWebhookConfiguration)
+			out := make([]*[]byte, len(m.Webhooks))
+			for i := range m.Webhooks {
+				out[i] = &m.Webhooks[i].ClientConfig.CABundle
+			}
+			return out
+		}))
+	}
+	return errors.Join(errs...)
+}
+
+func patch(ctx context.Context, c client.Client, kind, name string, obj client.Object, ca []byte, bundles func(client.Object) []*[]byte) error {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
-		if err := c.Get(ctx, types.NamespacedName{Name: name}, &vwc); err != nil {
+		if err := c.Get(ctx, types.NamespacedName{Name: name}, obj); err != nil {
 			return err
 		}
 		changed := false
-		for i := range vwc.Webhooks {
-			if !bytes.Equal(vwc.Webhooks[i].ClientConfig.CABundle, ca) {
-				vwc.Webhooks[i].ClientConfig.CABundle = slices.Clone(ca)
+		for _, b := range bundles(obj) {
+			if !bytes.Equal(*b, ca) {
+				*b = slices.Clone(ca)
 				changed = true
 			}
 		}
 		if !changed {
 			return nil
 		}
-		return c.Update(ctx, &vwc)
+		return c.Update(ctx, obj)
 	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
 	if err != nil {
-		return fmt.Errorf("cannot set caBundle on ValidatingWebhookConfiguration %s: %w", name, err)
+		return fmt.Errorf("cannot set caBundle on %s %s: %w", kind, name, err)
 	}
 	return nil
 }

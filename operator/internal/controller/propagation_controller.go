@@ -22,7 +22,7 @@ import (
 // them): informers list and watch, status is written with Update, Events
 // are created and patched (series).
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachepolicies;cachetenants,verbs=list;watch
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachepolicies/status,verbs=update
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachepolicies/status;cachetenants/status,verbs=update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // PolicyPropagator pushes the cluster's CachePolicies and CacheTenants to
@@ -136,6 +136,7 @@ func (r *PolicyPropagator) Reconcile(ctx context.Context, _ reconcile.Request) (
 		"target", set.target, "servers", len(rep.Results), "acknowledged", acked)
 	// The verdicts do not depend on the push, so status is written either way.
 	r.writeStatuses(ctx, pols.Items, verdicts, rep, &out)
+	r.writeTenantStatuses(ctx, tens.Items, tenants, rep, &out)
 	return out.result(r.Interval)
 }
 
@@ -177,7 +178,28 @@ func (r *PolicyPropagator) writeStatuses(ctx context.Context, items []v1alpha1.C
 			continue
 		}
 		r.announce(cp, before, v)
-		r.announcePropagation(cp, before)
+		r.announcePropagation(cp, cp.Status.Conditions, before.Status.Conditions)
+	}
+}
+
+// writeTenantStatuses writes the Propagated condition of the CacheTenants
+// whose quota was pushed (and removes it from the others) where it changed.
+// The SnapshotPoller writes the other conditions of the same status; both
+// update with the read resourceVersion, so neither erases the other's.
+func (r *PolicyPropagator) writeTenantStatuses(ctx context.Context, items []v1alpha1.CacheTenant, res TenantResolution, rep *pushReport, out *passOutcome) {
+	for i := range items {
+		t := &items[i]
+		want := TenantPropagationStatus(t, t.Status, res, rep)
+		if equality.Semantic.DeepEqual(want, t.Status) {
+			continue
+		}
+		before := t.Status.Conditions
+		t.Status = want
+		if err := r.Status.Status().Update(ctx, t); err != nil {
+			out.wrote(err)
+			continue
+		}
+		r.announcePropagation(t, t.Status.Conditions, before)
 	}
 }
 
@@ -202,24 +224,25 @@ func (r *PolicyPropagator) announce(cp, before *v1alpha1.CachePolicy, v PolicyVe
 	r.Recorder.Eventf(cp, related, corev1.EventTypeWarning, v.Reason, "Resolve", "%s", now.Message)
 }
 
-// announcePropagation emits an Event when the Propagated condition changes
-// status or reason: a Warning when it becomes False, a Normal one when it
-// becomes True after having been False. A new message with the same reason
-// (another error from a server that still fails) emits nothing, nor does a
-// first True.
-func (r *PolicyPropagator) announcePropagation(cp, before *v1alpha1.CachePolicy) {
+// announcePropagation emits an Event on obj (a CachePolicy or CacheTenant)
+// when its Propagated condition changes status or reason, from the
+// conditions before to cur: a Warning when it becomes False, a Normal one
+// when it becomes True after having been False. A new message with the same
+// reason (another error from a server that still fails) emits nothing, nor
+// does a first True.
+func (r *PolicyPropagator) announcePropagation(obj runtime.Object, cur, before []metav1.Condition) {
 	if r.Recorder == nil {
 		return
 	}
-	now := meta.FindStatusCondition(cp.Status.Conditions, v1alpha1.ConditionPropagated)
-	old := meta.FindStatusCondition(before.Status.Conditions, v1alpha1.ConditionPropagated)
+	now := meta.FindStatusCondition(cur, v1alpha1.ConditionPropagated)
+	old := meta.FindStatusCondition(before, v1alpha1.ConditionPropagated)
 	if now == nil || old != nil && old.Status == now.Status && old.Reason == now.Reason {
 		return
 	}
 	switch {
 	case now.Status == metav1.ConditionFalse:
-		r.Recorder.Eventf(cp, nil, corev1.EventTypeWarning, now.Reason, "Push", "%s", now.Message)
+		r.Recorder.Eventf(obj, nil, corev1.EventTypeWarning, now.Reason, "Push", "%s", now.Message)
 	case old != nil && old.Status == metav1.ConditionFalse:
-		r.Recorder.Eventf(cp, nil, corev1.EventTypeNormal, now.Reason, "Push", "%s", now.Message)
+		r.Recorder.Eventf(obj, nil, corev1.EventTypeNormal, now.Reason, "Push", "%s", now.Message)
 	}
 }

@@ -88,13 +88,44 @@ func PropagationStatus(cp *v1alpha1.CachePolicy, st v1alpha1.CachePolicyStatus, 
 		prop.Servers = prop.Servers[:v1alpha1.MaxPropagationServers]
 	}
 	st.Propagation = prop
-	meta.SetStatusCondition(&st.Conditions, propagatedCondition(gen, rep, prop, failed))
+	meta.SetStatusCondition(&st.Conditions, propagatedCondition(gen, rep, prop.AcknowledgedServers, failed))
+	return st
+}
+
+// TenantPropagationStatus adds the outcome of the pass's push to st, the
+// status of CacheTenant t: the Propagated condition when t's quota is in the
+// pushed body (res.Pushed), none otherwise (and st is left alone when rep is
+// nil: nothing was pushed). Unlike a CachePolicy, a tenant carries no
+// per-server status.propagation; the condition's message names a failing
+// server and its error.
+func TenantPropagationStatus(t *v1alpha1.CacheTenant, st v1alpha1.CacheTenantStatus, res TenantResolution, rep *pushReport) v1alpha1.CacheTenantStatus {
+	st = *st.DeepCopy()
+	if !res.Pushed(t) {
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionPropagated)
+		return st
+	}
+	if rep == nil {
+		return st
+	}
+	var (
+		acked  int32
+		failed []pushResult
+	)
+	for _, r := range rep.Results {
+		if r.err == nil {
+			acked++
+		} else {
+			failed = append(failed, r)
+		}
+	}
+	slices.SortFunc(failed, func(a, b pushResult) int { return cmp.Compare(a.server.Name, b.server.Name) })
+	meta.SetStatusCondition(&st.Conditions, propagatedCondition(t.Generation, rep, acked, failed))
 	return st
 }
 
 // propagatedCondition is the Propagated condition for a push that reached
-// prop.AcknowledgedServers of the servers in rep, failed being the others.
-func propagatedCondition(gen int64, rep *pushReport, prop *v1alpha1.PolicyPropagation, failed []pushResult) metav1.Condition {
+// acked of the servers in rep, failed being the others.
+func propagatedCondition(gen int64, rep *pushReport, acked int32, failed []pushResult) metav1.Condition {
 	c := metav1.Condition{Type: v1alpha1.ConditionPropagated, ObservedGeneration: gen, Status: metav1.ConditionFalse}
 	where := "server pods of Service " + nsName(rep.Service)
 	switch {
@@ -115,10 +146,10 @@ func propagatedCondition(gen int64, rep *pushReport, prop *v1alpha1.PolicyPropag
 		if n := len(failed) - 1; n > 0 {
 			why += fmt.Sprintf("; and %d more, see status.propagation.servers", n)
 		}
-		if prop.AcknowledgedServers > 0 {
+		if acked > 0 {
 			c.Reason = v1alpha1.ReasonPartiallyPropagated
 			c.Message = fmt.Sprintf("%d of %d ready %s acknowledged generation %d; not acknowledged by %s",
-				prop.AcknowledgedServers, len(rep.Results), where, gen, why)
+				acked, len(rep.Results), where, gen, why)
 		} else {
 			c.Reason = v1alpha1.ReasonPushFailed
 			c.Message = "no server acknowledged generation " + fmt.Sprint(gen) + ": " + why

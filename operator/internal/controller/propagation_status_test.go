@@ -254,3 +254,43 @@ func TestPolicyPropagatorFanOut(t *testing.T) {
 	}
 	event("Normal Propagated")
 }
+
+func TestTenantPropagationStatus(t *testing.T) {
+	quota := func(ns, name, id string) v1alpha1.CacheTenant {
+		q := int64(10)
+		return v1alpha1.CacheTenant{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Generation: 2},
+			Spec: v1alpha1.CacheTenantSpec{TenantID: id, Quota: &v1alpha1.CacheTenantQuota{MaxIndexEntries: &q}}}
+	}
+	owner, shadowed := quota("a", "t", "acme"), quota("b", "t", "acme")
+	plain := v1alpha1.CacheTenant{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p"}, Spec: v1alpha1.CacheTenantSpec{TenantID: "plain"}}
+	res := ResolveTenants([]v1alpha1.CacheTenant{shadowed, plain, owner})
+	svc := nsKey("sys", "server")
+	refused := errors.New("HTTP 503: draining")
+	f := func(ten *v1alpha1.CacheTenant, st v1alpha1.CacheTenantStatus, rep *pushReport, status metav1.ConditionStatus, reason, fragment string) v1alpha1.CacheTenantStatus {
+		t.Helper()
+		got := TenantPropagationStatus(ten, st, res, rep)
+		c := meta.FindStatusCondition(got.Conditions, v1alpha1.ConditionPropagated)
+		switch {
+		case status == "" && c != nil:
+			t.Errorf("%s/%s: unexpected %+v", ten.Namespace, ten.Name, c)
+		case status != "" && (c == nil || c.Status != status || c.Reason != reason || !strings.Contains(c.Message, fragment) || c.ObservedGeneration != 2):
+			t.Errorf("%s/%s: condition %+v, want %s/%s with %q", ten.Namespace, ten.Name, c, status, reason, fragment)
+		}
+		return got
+	}
+	failing := &pushReport{Target: v1alpha1.PropagationTargetEndpointSlices, Service: svc, Results: results(map[string]error{"a": refused})}
+	st := f(&owner, v1alpha1.CacheTenantStatus{}, failing, metav1.ConditionFalse, v1alpha1.ReasonPushFailed, "draining")
+	// No push this pass: the last outcome stays.
+	st = f(&owner, st, nil, metav1.ConditionFalse, v1alpha1.ReasonPushFailed, "draining")
+	partial := &pushReport{Target: v1alpha1.PropagationTargetEndpointSlices, Service: svc, Results: results(map[string]error{"a": nil, "b": refused})}
+	st = f(&owner, st, partial, metav1.ConditionFalse, v1alpha1.ReasonPartiallyPropagated, "pod-b")
+	ok := &pushReport{Target: v1alpha1.PropagationTargetEndpointSlices, Service: svc, Results: results(map[string]error{"a": nil, "b": nil})}
+	st = f(&owner, st, ok, metav1.ConditionTrue, v1alpha1.ReasonPropagated, "generation 2")
+	// Not pushed (shadowed, or without a quota): no condition, and a stale
+	// one is removed.
+	f(&shadowed, st, ok, "", "", "")
+	f(&plain, v1alpha1.CacheTenantStatus{}, ok, "", "", "")
+	if !res.Pushed(&owner) || res.Pushed(&shadowed) || res.Pushed(&plain) {
+		t.Error("Pushed")
+	}
+}

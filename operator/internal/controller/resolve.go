@@ -174,6 +174,17 @@ func ResolveTenants(items []v1alpha1.CacheTenant) TenantResolution {
 	return res
 }
 
+// Pushed reports whether t's quota is in the pushed body: t owns its tenant
+// id and carries spec.quota.maxIndexEntries.
+func (res TenantResolution) Pushed(t *v1alpha1.CacheTenant) bool {
+	id := t.Spec.TenantID
+	if res.Owner[id] != client.ObjectKeyFromObject(t) {
+		return false
+	}
+	_, found := slices.BinarySearchFunc(res.Wire, id, func(w policy.ResolvedTenant, id string) int { return cmp.Compare(w.TenantID, id) })
+	return found
+}
+
 // BuildBody assembles the version-7 /policy body.
 func BuildBody(policies []policy.ResolvedPolicy, tenants []policy.ResolvedTenant) *policy.Body {
 	if policies == nil {

@@ -152,6 +152,40 @@ func Endpoint(s string) error {
 	return nil
 }
 
+// PDTopologySpec checks that every pool's acceleratorType (when set) names
+// an entry of spec.acceleratorTypes. An empty acceleratorType is allowed: the
+// pool is not tied to an accelerator class.
+func PDTopologySpec(spec *v1alpha1.PDTopologySpec, p *field.Path) field.ErrorList {
+	names := make([]string, 0, len(spec.AcceleratorTypes))
+	known := make(map[string]bool, len(spec.AcceleratorTypes))
+	for _, a := range spec.AcceleratorTypes {
+		names = append(names, a.Name)
+		known[a.Name] = true
+	}
+	var errs field.ErrorList
+	check := func(pools []v1alpha1.PDPool, child string) {
+		for i, pool := range pools {
+			if pool.AcceleratorType == "" || known[pool.AcceleratorType] {
+				continue
+			}
+			fp := p.Child(child).Index(i).Child("acceleratorType")
+			if len(names) == 0 {
+				errs = append(errs, field.Invalid(fp, pool.AcceleratorType, fmt.Sprintf(
+					"pool %q names accelerator type %q but spec.acceleratorTypes is empty; add an entry named %q there, or remove acceleratorType",
+					pool.Name, pool.AcceleratorType, pool.AcceleratorType)))
+				continue
+			}
+			e := field.NotSupported(fp, pool.AcceleratorType, names)
+			e.Detail = fmt.Sprintf("pool %q must name an entry of spec.acceleratorTypes (%s); add %q there or pick one of them",
+				pool.Name, strings.Join(names, ", "), pool.AcceleratorType)
+			errs = append(errs, e)
+		}
+	}
+	check(spec.PrefillPools, "prefillPools")
+	check(spec.DecodePools, "decodePools")
+	return errs
+}
+
 // Introduced returns the errors of now that are not already among before,
 // comparing (type, field, bad value). An UPDATE is refused only for what it
 // newly breaks: an object admitted under older, looser rules can still be

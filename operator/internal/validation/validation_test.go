@@ -171,3 +171,29 @@ func TestTenantID(t *testing.T) {
 		t.Fatalf("reserved id: %v", e)
 	}
 }
+
+func TestPDTopologySpec(t *testing.T) {
+	acc := []v1alpha1.AcceleratorType{{Name: "h100"}, {Name: "a10"}}
+	pool := func(name, typ string) v1alpha1.PDPool { return v1alpha1.PDPool{Name: name, AcceleratorType: typ} }
+	f := func(spec v1alpha1.PDTopologySpec, want ...string) {
+		t.Helper()
+		errs := PDTopologySpec(&spec, field.NewPath("spec"))
+		var got []string
+		for _, e := range errs {
+			got = append(got, e.Field)
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("%+v: fields %v, want %v (%v)", spec, got, want, errs)
+		}
+	}
+	f(v1alpha1.PDTopologySpec{})
+	f(v1alpha1.PDTopologySpec{AcceleratorTypes: acc, PrefillPools: []v1alpha1.PDPool{pool("p", "h100"), pool("q", "")}, DecodePools: []v1alpha1.PDPool{pool("d", "a10")}})
+	f(v1alpha1.PDTopologySpec{AcceleratorTypes: acc, PrefillPools: []v1alpha1.PDPool{pool("p", "h100"), pool("q", "b200")}, DecodePools: []v1alpha1.PDPool{pool("d", "mi300")}},
+		"spec.prefillPools[1].acceleratorType", "spec.decodePools[0].acceleratorType")
+	f(v1alpha1.PDTopologySpec{DecodePools: []v1alpha1.PDPool{pool("d", "h100")}}, "spec.decodePools[0].acceleratorType")
+
+	errs := PDTopologySpec(&v1alpha1.PDTopologySpec{AcceleratorTypes: acc, PrefillPools: []v1alpha1.PDPool{pool("p", "b200")}}, field.NewPath("spec"))
+	if len(errs) != 1 || errs[0].Type != field.ErrorTypeNotSupported || !strings.Contains(errs[0].Error(), `"b200"`) || !strings.Contains(errs[0].Error(), "h100, a10") {
+		t.Errorf("message: %v", errs)
+	}
+}

@@ -1,5 +1,7 @@
 // Package webhook holds the validating admission webhooks of the
-// inferencecache.io kinds: CachePolicy, CacheTenant and CacheBackend.
+// inferencecache.io kinds (CachePolicy, CacheTenant, CacheBackend,
+// PDTopology) and the mutating pod webhook that wires engine pods to their
+// CacheBackend (PodInjector, which fails open).
 //
 // Field rules come from package validation. The cross-object rules (one
 // CachePolicy per namespace; a tenantID unique within its namespace) list the
@@ -22,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 )
@@ -30,7 +34,7 @@ import (
 // must list sibling objects has no reader.
 var ErrNoReader = errors.New("webhook: no API reader configured; refusing admission (fail closed)")
 
-// Setup registers the three validating webhooks with mgr's webhook server.
+// Setup registers the four validating webhooks with mgr's webhook server.
 // reader lists sibling objects; pass mgr.GetAPIReader() for live reads.
 func Setup(mgr ctrl.Manager, reader client.Reader) error {
 	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.CachePolicy{}).
@@ -41,8 +45,25 @@ func Setup(mgr ctrl.Manager, reader client.Reader) error {
 		WithValidator(&CacheTenantValidator{Reader: reader}).Complete(); err != nil {
 		return err
 	}
-	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.CacheBackend{}).
-		WithValidator(&CacheBackendValidator{}).Complete()
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.CacheBackend{}).
+		WithValidator(&CacheBackendValidator{}).Complete(); err != nil {
+		return err
+	}
+	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.PDTopology{}).
+		WithValidator(&PDTopologyValidator{}).Complete()
+}
+
+// PodInjectionPath is the path of the mutating pod webhook.
+const PodInjectionPath = "/mutate--v1-pod"
+
+// SetupPodInjection registers the mutating pod webhook (PodInjector) with
+// mgr's webhook server. reader lists CacheBackends; the manager's cached
+// client is enough (a backend created a moment ago may miss the pods
+// admitted in that moment, which then run uninjected).
+func SetupPodInjection(mgr ctrl.Manager, reader client.Reader, o PodInjectorOptions) {
+	mgr.GetWebhookServer().Register(PodInjectionPath, &webhook.Admission{Handler: &PodInjector{
+		Reader: reader, Decoder: admission.NewDecoder(mgr.GetScheme()), Options: o,
+	}})
 }
 
 // invalid turns a non-empty error list into the apiserver's 422 Invalid

@@ -159,6 +159,29 @@ func TestControllerBinary(t *testing.T) {
 	wantOK(t, "TLS handshake with the webhook server", err)
 	_ = conn.Close()
 
+	// The pod-injection configuration, created after start-up, gets the
+	// same caBundle; the validating one, deleted and re-created without a
+	// caBundle (a re-apply of the manifests), gets it back. Both are watched
+	// by name under the shipped RBAC.
+	_, mwc := keeperConfigs("unused", "inferencecache-mutating-webhook")
+	wantOK(t, "create mutating webhook configuration", k8s.Create(ctx, mwc))
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), mwc) })
+	wantOK(t, "delete webhook configuration", k8s.Delete(ctx, vwc))
+	vwc.ResourceVersion, vwc.UID, vwc.Webhooks[0].ClientConfig.CABundle = "", "", nil
+	wantOK(t, "re-create webhook configuration", k8s.Create(ctx, vwc))
+	eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(vwc), vwc); err != nil {
+			return err
+		}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(mwc), mwc); err != nil {
+			return err
+		}
+		if !bytes.Equal(vwc.Webhooks[0].ClientConfig.CABundle, sec.Data["ca.crt"]) || !bytes.Equal(mwc.Webhooks[0].ClientConfig.CABundle, sec.Data["ca.crt"]) {
+			return fmt.Errorf("caBundle not (yet) restored on the validating and set on the mutating configuration")
+		}
+		return nil
+	})
+
 	// It holds the leader Lease and runs the controllers.
 	eventually(t, 30*time.Second, func() error {
 		var lease coordinationv1.Lease

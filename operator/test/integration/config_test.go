@@ -81,6 +81,7 @@ func TestConfigDefaultAppliesToAPIServer(t *testing.T) {
 	want := map[string]int{
 		"CustomResourceDefinition": 6, "Namespace": 1, "ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 3,
 		"Role": 3, "RoleBinding": 3, "Deployment": 2, "Service": 2, "NetworkPolicy": 1, "ValidatingWebhookConfiguration": 1,
+		"MutatingWebhookConfiguration": 1,
 	}
 	for k, n := range want {
 		if kinds[k] != n {
@@ -94,8 +95,8 @@ func TestConfigDefaultAppliesToAPIServer(t *testing.T) {
 		t.Fatal("no ValidatingWebhookConfiguration inferencecache-validating-webhook")
 	}
 	hooks, _, _ := unstructured.NestedSlice(vwc.Object, "webhooks")
-	if len(hooks) != 3 {
-		t.Fatalf("%d webhooks, want 3", len(hooks))
+	if len(hooks) != 4 {
+		t.Fatalf("%d webhooks, want 4", len(hooks))
 	}
 	for _, h := range hooks {
 		svc, _, _ := unstructured.NestedStringMap(h.(map[string]any), "clientConfig", "service")
@@ -232,10 +233,11 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		// update) and its core/v1 Events.
 		"Role coordination.k8s.io/leases[]": {"create", "get", "update"},
 		"Role events[]":                     {"create", "patch"},
-		// Self-signed webhook certificate and caBundle.
-		"Role secrets[inferencecache-webhook-cert]": {"get", "update"},
+		// Self-signed webhook certificate and caBundles, watched by name.
+		"Role secrets[inferencecache-webhook-cert]": {"get", "list", "update", "watch"},
 		"Role secrets[]": {"create"},
-		"ClusterRole admissionregistration.k8s.io/validatingwebhookconfigurations[inferencecache-validating-webhook]": {"get", "update"},
+		"ClusterRole admissionregistration.k8s.io/validatingwebhookconfigurations[inferencecache-validating-webhook]": {"get", "list", "update", "watch"},
+		"ClusterRole admissionregistration.k8s.io/mutatingwebhookconfigurations[inferencecache-mutating-webhook]":     {"get", "list", "update", "watch"},
 	}
 	for k, v := range got {
 		slices.Sort(v)

@@ -25,7 +25,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,6 +45,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/inferencecache/controlapi"
@@ -61,6 +62,9 @@ import (
 // added in this test only), standing in for objects admitted before a rule
 // existed. Removing the label puts the namespace back under the webhooks.
 const legacyLabel = "inferencecache.io/test-legacy"
+
+// testSubscriberImage is the sidecar image the suite's pod webhook injects.
+const testSubscriberImage = "example.invalid/kvevent-subscriber:test"
 
 // tick is the push and poll interval of the controllers under test.
 const tick = time.Second
@@ -98,7 +102,7 @@ func run(m *testing.M) int {
 	}
 	log.SetLogger(funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, prefix, args) }, funcr.Options{Verbosity: verbosity}))
 
-	vwc, err := loadWebhooks(filepath.Join("..", "..", "config", "webhook", "manifests.yaml"))
+	vwc, mwc, err := loadWebhooks(filepath.Join("..", "..", "config", "webhook"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -106,7 +110,10 @@ func run(m *testing.M) int {
 	env := &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{vwc}},
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			ValidatingWebhooks: []*admissionv1.ValidatingWebhookConfiguration{vwc},
+			MutatingWebhooks:   []*admissionv1.MutatingWebhookConfiguration{mwc},
+		},
 	}
 	start := time.Now()
 	cfg, err = env.Start()
@@ -164,6 +171,10 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// Live reads, so a CacheBackend a test just created claims the next pod.
+	icwebhook.SetupPodInjection(mgr, mgr.GetAPIReader(), icwebhook.PodInjectorOptions{
+		SubscriberImage: testSubscriberImage, ServerAddress: "127.0.0.1:9090",
+	})
 	if err := controller.Setup(mgr, controller.Options{
 		Server: &controller.ServerClient{
 			BaseURL:             "http://" + srv.addr,
@@ -197,23 +208,45 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// loadWebhooks reads the generated webhook configuration and adds the
-// test-only namespaceSelector that exempts legacy namespaces.
-func loadWebhooks(path string) (*admissionv1.ValidatingWebhookConfiguration, error) {
-	raw, err := os.ReadFile(path)
+// loadWebhooks renders operator/config/webhook as kustomize does and
+// returns its two configurations under test names (the deployed names stay
+// free for the tests that create their own). The validating webhooks get the
+// test-only namespaceSelector that exempts legacy namespaces; the pod webhook
+// keeps the selectors the kustomization gives it.
+func loadWebhooks(dir string) (*admissionv1.ValidatingWebhookConfiguration, *admissionv1.MutatingWebhookConfiguration, error) {
+	rm, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, fmt.Errorf("cannot render %s: %w", dir, err)
 	}
-	var vwc admissionv1.ValidatingWebhookConfiguration
-	if err := yaml.UnmarshalStrict([]byte(strings.TrimPrefix(string(raw), "---\n")), &vwc); err != nil {
-		return nil, fmt.Errorf("cannot parse %s: %w", path, err)
+	var (
+		vwc admissionv1.ValidatingWebhookConfiguration
+		mwc admissionv1.MutatingWebhookConfiguration
+	)
+	for _, r := range rm.Resources() {
+		raw, err := r.AsYAML()
+		if err != nil {
+			return nil, nil, err
+		}
+		switch r.GetKind() {
+		case "ValidatingWebhookConfiguration":
+			err = yaml.UnmarshalStrict(raw, &vwc)
+		case "MutatingWebhookConfiguration":
+			err = yaml.UnmarshalStrict(raw, &mwc)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("cannot parse %s: %w", r.CurId(), err)
+		}
 	}
+	if len(vwc.Webhooks) == 0 || len(mwc.Webhooks) == 0 {
+		return nil, nil, fmt.Errorf("%s lacks a validating or a mutating webhook configuration", dir)
+	}
+	vwc.Name, mwc.Name = "test-validating-webhook", "test-mutating-webhook"
 	for i := range vwc.Webhooks {
 		vwc.Webhooks[i].NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 			{Key: legacyLabel, Operator: metav1.LabelSelectorOpDoesNotExist},
 		}}
 	}
-	return &vwc, nil
+	return &vwc, &mwc, nil
 }
 
 func waitTLS(addr string, limit time.Duration) error {

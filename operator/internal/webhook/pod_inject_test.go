@@ -1,0 +1,266 @@
+package webhook
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/controller"
+)
+
+func backend(ns, name string, sel map[string]string, mut func(*v1alpha1.CacheBackend)) *v1alpha1.CacheBackend {
+	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.CacheBackendSpec{EngineSelector: &v1alpha1.EngineSelector{MatchLabels: sel}, BackendConfig: map[string]string{"model": "m"}}}
+	if mut != nil {
+		mut(cb)
+	}
+	return cb
+}
+
+func enginePod(labels map[string]string, args ...string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", Labels: labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm", Args: args}}}}
+}
+
+func argWith(list []string, prefix string) string {
+	for _, a := range list {
+		if strings.HasPrefix(a, prefix) {
+			return a
+		}
+	}
+	return ""
+}
+
+func TestSelects(t *testing.T) {
+	f := func(sel *v1alpha1.EngineSelector, labels map[string]string, want bool) {
+		t.Helper()
+		if got := Selects(sel, labels); got != want {
+			t.Errorf("Selects(%v, %v) = %v", sel, labels, got)
+		}
+	}
+	f(nil, map[string]string{"a": "1"}, false)
+	f(&v1alpha1.EngineSelector{}, map[string]string{"a": "1"}, false)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{}}, map[string]string{"a": "1"}, false)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"a": "1"}}, map[string]string{"a": "1", "b": "2"}, true)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"a": "1", "c": "3"}}, map[string]string{"a": "1"}, false)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"a": "1"}}, map[string]string{"a": "2"}, false)
+}
+
+func TestInjectVLLMOffload(t *testing.T) {
+	cb := backend("ns", "cb", map[string]string{"app": "e"}, func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "cb.ns.svc:8200" })
+	pod := enginePod(map[string]string{"app": "e"}, "--model=m")
+	w, changed := Inject(pod, cb, PodInjectorOptions{SubscriberImage: "sub:1", ServerAddress: "srv:9090"})
+	if !changed || len(w) != 0 {
+		t.Fatalf("changed %v, warnings %v", changed, w)
+	}
+	if pod.Annotations[AnnotationInjectedBy] != "ns/cb" {
+		t.Fatalf("annotation %v", pod.Annotations)
+	}
+	eng := pod.Spec.Containers[0]
+	if got := argWith(eng.Args, "--kv-events-config="); got != "--kv-events-config="+KVEventsConfig() || !strings.Contains(got, `"endpoint":"tcp://*:5557"`) || !strings.Contains(got, `"topic":"kv-events"`) {
+		t.Errorf("kv-events-config: %q", got)
+	}
+	if got := argWith(eng.Args, "--kv-transfer-config="); !strings.Contains(got, `"kv_connector":"LMCacheConnectorV1"`) || !strings.Contains(got, `"kv_role":"kv_both"`) {
+		t.Errorf("kv-transfer-config: %q", got)
+	}
+	if i := slices.IndexFunc(eng.Env, func(e corev1.EnvVar) bool { return e.Name == "LMCACHE_REMOTE_URL" }); i < 0 || eng.Env[i].Value != "lm://cb.ns.svc:8200" {
+		t.Errorf("env: %v", eng.Env)
+	}
+	if len(pod.Spec.Containers) != 2 || pod.Spec.Containers[1].Name != SubscriberContainer {
+		t.Fatalf("containers: %v", pod.Spec.Containers)
+	}
+	sub := pod.Spec.Containers[1]
+	for _, want := range []string{"--replica-id=$(POD_NAME)", "--tenant-id=$(POD_NAMESPACE)", "--model-id=m", "--hash-scheme=vllm",
+		"--engine-endpoint=tcp://127.0.0.1:5557", "--ignore-block-removed=true", "--server-address=srv:9090", "--engine-metrics-url=http://127.0.0.1:8000/metrics"} {
+		if !slices.Contains(sub.Args, want) {
+			t.Errorf("sidecar args %v lack %s", sub.Args, want)
+		}
+	}
+	if sub.Image != "sub:1" || len(pod.Spec.Volumes) != 1 {
+		t.Errorf("image %q volumes %v", sub.Image, pod.Spec.Volumes)
+	}
+
+	// Idempotent: a second pass changes nothing.
+	before := pod.DeepCopy()
+	if _, changed := Inject(pod, cb, PodInjectorOptions{SubscriberImage: "sub:1"}); changed || !equality.Semantic.DeepEqual(before, pod) {
+		t.Fatal("re-injection changed the pod")
+	}
+}
+
+func TestInjectEventsOnlySGLang(t *testing.T) {
+	cb := backend("ns", "cb", map[string]string{"app": "e"}, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Integration = &v1alpha1.CacheBackendIntegration{Engine: "sglang", Mode: v1alpha1.IntegrationEventsOnly}
+	})
+	pod := enginePod(nil)
+	if _, changed := Inject(pod, cb, PodInjectorOptions{SubscriberImage: "sub:1"}); !changed {
+		t.Fatal("not injected")
+	}
+	eng := pod.Spec.Containers[0]
+	if argWith(eng.Args, "--kv-transfer-config") != "" || len(eng.Env) != 0 || argWith(eng.Args, "--kv-events-config=") == "" {
+		t.Errorf("EventsOnly engine: args %v env %v", eng.Args, eng.Env)
+	}
+	sub := pod.Spec.Containers[1]
+	for _, want := range []string{"--hash-scheme=sglang", "--ignore-block-removed=false", "--engine-metrics-url=http://127.0.0.1:30000/metrics"} {
+		if !slices.Contains(sub.Args, want) {
+			t.Errorf("sidecar args %v lack %s", sub.Args, want)
+		}
+	}
+}
+
+func TestInjectOverridesAndSuppressions(t *testing.T) {
+	cb := backend("ns", "cb", map[string]string{"app": "e"}, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Type = v1alpha1.BackendExternal
+		cb.Spec.Endpoint = "lm://ext:65432"
+		cb.Spec.Integration = &v1alpha1.CacheBackendIntegration{Role: v1alpha1.RoleReadOnly, EngineOverrides: &v1alpha1.EngineOverrides{
+			Args:         []string{"--kv-events-config={}", "--extra=1", "--gone=x"},
+			SuppressArgs: []string{"--kv-transfer-config", "--gone"},
+			Env:          []corev1.EnvVar{{Name: "LMCACHE_REMOTE_SERDE", Value: "cachegen"}, {Name: "EXTRA", Value: "1"}},
+			SuppressEnv:  []string{"LMCACHE_LOCAL_CPU"},
+		}}
+	})
+	args, env, w := EngineArgs(cb)
+	if len(w) != 0 {
+		t.Errorf("warnings %v", w)
+	}
+	if want := []string{"--kv-events-config={}", "--extra=1"}; !slices.Equal(args, want) {
+		t.Errorf("args %v, want %v", args, want)
+	}
+	names := map[string]string{}
+	for _, e := range env {
+		names[e.Name] = e.Value
+	}
+	if names["LMCACHE_REMOTE_URL"] != "lm://ext:65432" || names["LMCACHE_REMOTE_SERDE"] != "cachegen" || names["EXTRA"] != "1" {
+		t.Errorf("env %v", env)
+	}
+	if _, ok := names["LMCACHE_LOCAL_CPU"]; ok {
+		t.Errorf("suppressed env kept: %v", env)
+	}
+
+	// The pod's own flag and env win over what the webhook would add.
+	pod := enginePod(nil, "--extra", "7")
+	pod.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "EXTRA", Value: "mine"}}
+	Inject(pod, cb, PodInjectorOptions{})
+	eng := pod.Spec.Containers[0]
+	if !slices.Equal(eng.Args, []string{"--extra", "7", "--kv-events-config={}"}) {
+		t.Errorf("args %v", eng.Args)
+	}
+	if eng.Env[0].Value != "mine" || slices.ContainsFunc(eng.Env[1:], func(e corev1.EnvVar) bool { return e.Name == "EXTRA" }) {
+		t.Errorf("env %v", eng.Env)
+	}
+	if len(pod.Spec.Containers) != 1 {
+		t.Error("sidecar injected without an image")
+	}
+}
+
+func TestInjectRoleAndNamedContainer(t *testing.T) {
+	cb := backend("ns", "cb", nil, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Integration = &v1alpha1.CacheBackendIntegration{Role: v1alpha1.RoleWriteOnly}
+	})
+	pod := enginePod(nil)
+	pod.Spec.Containers = append([]corev1.Container{{Name: "proxy"}}, pod.Spec.Containers...)
+	pod.Annotations = map[string]string{AnnotationEngineContainer: "vllm"}
+	w, changed := Inject(pod, cb, PodInjectorOptions{SubscriberImage: "s"})
+	if !changed || len(pod.Spec.Containers[0].Args) != 0 {
+		t.Fatalf("proxy container touched: %v", pod.Spec.Containers[0])
+	}
+	if got := argWith(pod.Spec.Containers[1].Args, "--kv-transfer-config="); !strings.Contains(got, "kv_producer") {
+		t.Errorf("role: %q", got)
+	}
+	if len(w) != 1 || !strings.Contains(w[0], "no endpoint yet") {
+		t.Errorf("warnings %v", w)
+	}
+
+	pod = enginePod(nil)
+	pod.Annotations = map[string]string{AnnotationEngineContainer: "nope"}
+	if _, changed := Inject(pod, cb, PodInjectorOptions{}); changed {
+		t.Error("injected without the named container")
+	}
+	cb.Spec.Integration.Engine = "trtllm"
+	if w, changed := Inject(enginePod(nil), cb, PodInjectorOptions{}); changed || len(w) != 1 {
+		t.Errorf("unknown engine: changed %v, warnings %v", changed, w)
+	}
+}
+
+func TestBackendFor(t *testing.T) {
+	sel := map[string]string{"app": "e"}
+	cross := func(cb *v1alpha1.CacheBackend) { cb.Spec.AllowCrossNamespace = true }
+	p := &PodInjector{Reader: newClient(t, false,
+		backend("ns", "zz", sel, nil),
+		backend("ns", "bb", sel, nil),
+		backend("ns", "aa", map[string]string{}, nil), // empty selector claims nothing
+		backend("other", "aa", sel, cross),
+		backend("third", "aa", map[string]string{"app": "x"}, cross),
+		backend("third", "bb", sel, nil), // not cross-namespace
+	)}
+	f := func(ns string, labels map[string]string, want string) {
+		t.Helper()
+		cb, err := p.backendFor(ctx(t), ns, labels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if cb != nil {
+			got = cb.Namespace + "/" + cb.Name
+		}
+		if got != want {
+			t.Errorf("%s %v: %q, want %q", ns, labels, got, want)
+		}
+	}
+	f("ns", sel, "ns/bb")
+	f("ns", map[string]string{"app": "y"}, "")
+	f("elsewhere", sel, "other/aa")
+	f("elsewhere", map[string]string{"app": "x"}, "third/aa")
+	f("third", sel, "third/bb")
+
+	if _, err := (&PodInjector{Reader: newClient(t, true)}).backendFor(ctx(t), "ns", sel); err == nil {
+		t.Error("list failure not reported")
+	}
+}
+
+func TestHandleFailsOpen(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := json.Marshal(enginePod(map[string]string{"app": "e"}))
+	req := func(obj []byte) admission.Request {
+		return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			Operation: admissionv1.Create, Namespace: "ns", Object: runtime.RawExtension{Raw: obj},
+			Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+		}}
+	}
+	f := func(name string, p *PodInjector, obj []byte, wantPatch bool) {
+		t.Helper()
+		resp := p.Handle(ctx(t), req(obj))
+		if !resp.Allowed {
+			t.Errorf("%s: refused: %v", name, resp.Result)
+		}
+		if got := len(resp.Patches) > 0; got != wantPatch {
+			t.Errorf("%s: patches %v, want patch %v", name, resp.Patches, wantPatch)
+		}
+	}
+	dec := admission.NewDecoder(s)
+	f("list fails", &PodInjector{Reader: newClient(t, true), Decoder: dec}, raw, false)
+	f("no reader", &PodInjector{Decoder: dec}, raw, false)
+	f("undecodable", &PodInjector{Reader: newClient(t, false), Decoder: dec}, []byte("{"), false)
+	f("no backend", &PodInjector{Reader: newClient(t, false), Decoder: dec}, raw, false)
+	f("matched", &PodInjector{Reader: newClient(t, false, backend("ns", "cb", map[string]string{"app": "e"}, nil)), Decoder: dec}, raw, true)
+}
+
+// The snapshot projection attributes replicas through the annotation this
+// webhook writes.
+func TestInjectedByMatchesAttribution(t *testing.T) {
+	if AnnotationInjectedBy != controller.InjectedByAnnotation {
+		t.Fatalf("webhook writes %q, the controller reads %q", AnnotationInjectedBy, controller.InjectedByAnnotation)
+	}
+}

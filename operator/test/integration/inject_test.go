@@ -1,0 +1,231 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	icwebhook "github.com/inferencecache/inferencecache/operator/internal/webhook"
+)
+
+func podObj(ns, name string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai", Args: []string{"--model=m"}}}}}
+}
+
+func envNames(env []corev1.EnvVar) map[string]string {
+	out := map[string]string{}
+	for _, e := range env {
+		out[e.Name] = e.Value
+	}
+	return out
+}
+
+func countFlag(args []string, name string) int {
+	n := 0
+	for _, a := range args {
+		if f, _, _ := strings.Cut(a, "="); f == name {
+			n++
+		}
+	}
+	return n
+}
+
+// TestPodInjection: the apiserver calls the pod webhook (config rendered
+// from operator/config/webhook) and stores the injected pod; unmatched and
+// opted-out pods are stored as sent; a pod re-created from an injected one
+// is not injected twice.
+func TestPodInjection(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "inject", false)
+	sel := map[string]string{"app": "engine"}
+	mk := func(name string, mut func(*v1alpha1.CacheBackend)) {
+		cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: v1alpha1.CacheBackendSpec{
+			Type: v1alpha1.BackendExternal, Endpoint: "lm://ext.cache.svc:65432",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: sel},
+			BackendConfig:  map[string]string{icwebhook.BackendConfigModel: "meta/llama"},
+		}}
+		if mut != nil {
+			mut(cb)
+		}
+		wantOK(t, "create CacheBackend "+name, k8s.Create(ctx, cb))
+	}
+	mk("zz-other", nil) // same selector, later name: never chosen
+	mk("cb", func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Integration = &v1alpha1.CacheBackendIntegration{EngineOverrides: &v1alpha1.EngineOverrides{
+			Args:         []string{"--extra=1"},
+			SuppressArgs: []string{"--kv-transfer-config"},
+			Env:          []corev1.EnvVar{{Name: "EXTRA", Value: "1"}},
+			SuppressEnv:  []string{"LMCACHE_REMOTE_SERDE"},
+		}}
+	})
+	mk("aa-empty", func(cb *v1alpha1.CacheBackend) { cb.Spec.EngineSelector.MatchLabels = map[string]string{} })
+
+	matched := podObj(ns, "matched", map[string]string{"app": "engine", "pod-template-hash": "x"})
+	wantOK(t, "create matched pod", k8s.Create(ctx, matched))
+	var got corev1.Pod
+	wantOK(t, "get matched pod", k8s.Get(ctx, client.ObjectKeyFromObject(matched), &got))
+	if by := got.Annotations[icwebhook.AnnotationInjectedBy]; by != ns+"/cb" {
+		t.Fatalf("injected-by %q, want %s/cb (annotations %v)", by, ns, got.Annotations)
+	}
+	if len(got.Spec.Containers) != 2 || got.Spec.Containers[1].Name != icwebhook.SubscriberContainer {
+		t.Fatalf("containers %v", got.Spec.Containers)
+	}
+	eng, sub := got.Spec.Containers[0], got.Spec.Containers[1]
+	if !slices.Contains(eng.Args, "--kv-events-config="+icwebhook.KVEventsConfig()) || !slices.Contains(eng.Args, "--extra=1") {
+		t.Errorf("engine args %v", eng.Args)
+	}
+	if countFlag(eng.Args, "--kv-transfer-config") != 0 {
+		t.Errorf("suppressed arg injected: %v", eng.Args)
+	}
+	env := envNames(eng.Env)
+	if env["LMCACHE_REMOTE_URL"] != "lm://ext.cache.svc:65432" || env["EXTRA"] != "1" {
+		t.Errorf("engine env %v", eng.Env)
+	}
+	if _, ok := env["LMCACHE_REMOTE_SERDE"]; ok {
+		t.Errorf("suppressed env injected: %v", eng.Env)
+	}
+	if sub.Image != testSubscriberImage {
+		t.Errorf("sidecar image %q", sub.Image)
+	}
+	for _, want := range []string{"--model-id=meta/llama", "--hash-scheme=vllm", "--engine-endpoint=tcp://127.0.0.1:5557",
+		"--replica-id=$(POD_NAME)", "--tenant-id=$(POD_NAMESPACE)", "--ignore-block-removed=true", "--server-address=127.0.0.1:9090"} {
+		if !slices.Contains(sub.Args, want) {
+			t.Errorf("sidecar args %v lack %s", sub.Args, want)
+		}
+	}
+
+	// Not selected, empty-selector, opted out by label or by annotation:
+	// stored exactly as sent.
+	for name, p := range map[string]*corev1.Pod{
+		"unmatched":  podObj(ns, "unmatched", map[string]string{"app": "web"}),
+		"no-labels":  podObj(ns, "no-labels", nil),
+		"opt-out":    podObj(ns, "opt-out", map[string]string{"app": "engine", icwebhook.LabelInject: "false"}),
+		"opt-out-an": podObj(ns, "opt-out-an", map[string]string{"app": "engine"}),
+	} {
+		if name == "opt-out-an" {
+			p.Annotations = map[string]string{icwebhook.LabelInject: "false"}
+		}
+		wantOK(t, "create "+name, k8s.Create(ctx, p))
+		var g corev1.Pod
+		wantOK(t, "get "+name, k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+		if _, ok := g.Annotations[icwebhook.AnnotationInjectedBy]; ok || len(g.Spec.Containers) != 1 || len(g.Spec.Containers[0].Args) != 1 {
+			t.Errorf("%s was injected: annotations %v, containers %v", name, g.Annotations, g.Spec.Containers)
+		}
+	}
+
+	// Idempotence: a pod re-created from the injected one's spec (with or
+	// without the annotation) is not injected twice.
+	for _, keepAnnotation := range []bool{true, false} {
+		cp := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("copy-%t", keepAnnotation), Labels: got.Labels},
+			Spec: *got.Spec.DeepCopy()}
+		if keepAnnotation {
+			cp.Annotations = got.Annotations
+		}
+		cp.Spec.NodeName = ""
+		wantOK(t, "create copy", k8s.Create(ctx, cp))
+		var g corev1.Pod
+		wantOK(t, "get copy", k8s.Get(ctx, client.ObjectKeyFromObject(cp), &g))
+		if len(g.Spec.Containers) != 2 || len(g.Spec.Volumes) != len(got.Spec.Volumes) {
+			t.Errorf("copy (annotation %t): containers %d, volumes %d", keepAnnotation, len(g.Spec.Containers), len(g.Spec.Volumes))
+		}
+		if a := g.Spec.Containers[0].Args; countFlag(a, "--kv-events-config") != 1 || countFlag(a, "--extra") != 1 || len(a) != len(eng.Args) {
+			t.Errorf("copy (annotation %t): engine args %v", keepAnnotation, a)
+		}
+		if len(g.Spec.Containers[0].Env) != len(eng.Env) {
+			t.Errorf("copy (annotation %t): engine env %v", keepAnnotation, g.Spec.Containers[0].Env)
+		}
+		if g.Annotations[icwebhook.AnnotationInjectedBy] != ns+"/cb" {
+			t.Errorf("copy (annotation %t): annotations %v", keepAnnotation, g.Annotations)
+		}
+	}
+}
+
+// TestPodInjectionCrossNamespace: a backend with allowCrossNamespace claims
+// pods of other namespaces; one without does not.
+func TestPodInjectionCrossNamespace(t *testing.T) {
+	ctx := needEnv(t)
+	home := namespace(t, ctx, "inject-home", false)
+	other := namespace(t, ctx, "inject-other", false)
+	for _, c := range []struct {
+		name  string
+		label string
+		cross bool
+	}{{"shared", "shared-engine", true}, {"private", "private-engine", false}} {
+		wantOK(t, "create "+c.name, k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: home, Name: c.name},
+			Spec: v1alpha1.CacheBackendSpec{
+				Type: v1alpha1.BackendExternal, Endpoint: "cache.example:8200", AllowCrossNamespace: c.cross,
+				Integration:    &v1alpha1.CacheBackendIntegration{Mode: v1alpha1.IntegrationEventsOnly},
+				EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": c.label}},
+			}}))
+	}
+	for label, want := range map[string]string{"shared-engine": home + "/shared", "private-engine": ""} {
+		p := podObj(other, label, map[string]string{"app": label})
+		wantOK(t, "create pod", k8s.Create(ctx, p))
+		var g corev1.Pod
+		wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+		if got := g.Annotations[icwebhook.AnnotationInjectedBy]; got != want {
+			t.Errorf("pod %s: injected-by %q, want %q", label, got, want)
+		}
+		if want != "" && len(g.Spec.Containers) != 1 {
+			// No spec.backendConfig.model: engine wiring only, no sidecar.
+			t.Errorf("pod %s: sidecar injected without a model: %v", label, g.Spec.Containers)
+		}
+	}
+}
+
+// TestPodInjectionFailsOpen: the shipped pod webhook, pointed at an address
+// where nothing listens, does not stop pods from being created.
+func TestPodInjectionFailsOpen(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "inject-open", false)
+	_, mwc, err := loadWebhooks("../../config/webhook")
+	wantOK(t, "load webhooks", err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	wantOK(t, "reserve a port", err)
+	dead := "https://" + l.Addr().String() + icwebhook.PodInjectionPath
+	wantOK(t, "close", l.Close())
+
+	mwc.Name = "inject-fails-open"
+	w := &mwc.Webhooks[0]
+	shipped := w.FailurePolicy
+	if shipped == nil || *shipped != admissionv1.Ignore {
+		t.Fatalf("shipped pod webhook failurePolicy %v, want Ignore", w.FailurePolicy)
+	}
+	w.Name = "dead.inferencecache.io"
+	w.ClientConfig = admissionv1.WebhookClientConfig{URL: &dead}
+	w.ObjectSelector.MatchLabels = map[string]string{"inject-test": "fails-open"} // only this test's pods
+	// First as Fail, to see the apiserver actually call the dead webhook.
+	fail := admissionv1.Fail
+	w.FailurePolicy = &fail
+	wantOK(t, "create dead webhook", k8s.Create(ctx, mwc))
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), mwc) })
+	create := func() error {
+		p := podObj(ns, "", map[string]string{"inject-test": "fails-open"})
+		p.GenerateName = "open-"
+		return k8s.Create(ctx, p)
+	}
+	eventually(t, propagationLimit, func() error {
+		if create() == nil {
+			return fmt.Errorf("the apiserver does not call the dead webhook yet")
+		}
+		return nil
+	})
+	// With the shipped policy the same webhook no longer blocks pods.
+	wantOK(t, "get webhook", k8s.Get(ctx, client.ObjectKeyFromObject(mwc), mwc))
+	mwc.Webhooks[0].FailurePolicy = shipped
+	wantOK(t, "update webhook", k8s.Update(ctx, mwc))
+	eventually(t, propagationLimit, create)
+	for range 3 {
+		wantOK(t, "create pod past a dead webhook", create())
+	}
+}
