@@ -227,7 +227,7 @@ func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.C
 		fs.add(CodeEnginePods, Warn, obj, "no pod in %s matches engineSelector %s", b.Namespace, formatLabels(sel))
 		return
 	}
-	fs.add(CodeEnginePods, OK, obj, "%d engine pods match %s", len(matched), formatLabels(sel))
+	fs.add(CodeEnginePods, OK, obj, "%s match %s", plural(len(matched), "engine pod"), formatLabels(sel))
 	c.checkParticipation(b, obj, matched, snap, fs)
 }
 
@@ -247,7 +247,7 @@ func (c *clusterState) checkParticipation(b *v1alpha1.CacheBackend, obj string, 
 		}
 		switch {
 		case rows == 0:
-			fs.add(CodeParticipation, Warn, obj, "none of the %d matched pods is in the server's index (/snapshot)", len(matched))
+			fs.add(CodeParticipation, Warn, obj, "none of the matched pods (%d) is in the server's index (/snapshot)", len(matched))
 		case prefixes == 0:
 			fs.add(CodeParticipation, Info, obj, "%d of %d matched pods report stats but hold no prefixes", rows, len(matched))
 		default:
@@ -346,7 +346,7 @@ func checkTenant(t *v1alpha1.CacheTenant, snap *controlapi.CacheSnapshot, fs *fi
 	case limit == nil:
 		fs.add(CodeTenantQuota, OK, obj, "tenant %q: no quota, %d entries (%s)", t.Spec.TenantID, *entries, source)
 	case exceeded:
-		fs.add(CodeTenantQuota, Fail, obj, "tenant %q: QuotaExceeded=True, %s of %d entries", t.Spec.TenantID, countOrUnknown(entries, source), *limit)
+		fs.add(CodeTenantQuota, Fail, obj, "tenant %q: QuotaExceeded=True, %s", t.Spec.TenantID, usage(entries, *limit, source))
 	case entries == nil:
 		fs.add(CodeTenantQuota, Info, obj, "tenant %q: quota %d, entries not observed yet", t.Spec.TenantID, *limit)
 	case *entries > *limit:
@@ -360,11 +360,19 @@ func checkTenant(t *v1alpha1.CacheTenant, snap *controlapi.CacheSnapshot, fs *fi
 	}
 }
 
-func countOrUnknown(n *int64, source string) string {
+func usage(n *int64, limit int64, source string) string {
 	if n == nil {
-		return "unknown"
+		return fmt.Sprintf("quota %d, entries not observed", limit)
 	}
-	return fmt.Sprintf("%d (%s)", *n, source)
+	return fmt.Sprintf("%d of %d entries (%s)", *n, limit, source)
+}
+
+// plural is "1 pod" or "n pods".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func (c *clusterState) checkPolicies(fs *findings) {
@@ -415,6 +423,6 @@ func (c *clusterState) checkPolicies(fs *findings) {
 			fs.add(CodePolicyCoverage, OK, "namespace "+ns, "covered by a CachePolicy")
 			continue
 		}
-		fs.add(CodePolicyCoverage, Warn, "namespace "+ns, "%d CacheBackends and %d CacheTenants but no CachePolicy: server defaults apply", u.backends, u.tenants)
+		fs.add(CodePolicyCoverage, Warn, "namespace "+ns, "%s and %s but no CachePolicy: server defaults apply", plural(u.backends, "CacheBackend"), plural(u.tenants, "CacheTenant"))
 	}
 }

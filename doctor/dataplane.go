@@ -165,8 +165,8 @@ func checkSnapshot(ctx context.Context, hc *http.Client, base, token string, fs 
 		fs.add(CodeSnapshot, Fail, object, "cannot decode the snapshot: %s", oneLine(err))
 		return nil
 	}
-	fs.add(CodeSnapshot, OK, object, "%d replicas, %d tenants, %d prefixes%s",
-		len(snap.Replicas), len(snap.Tenants), snap.TotalPrefixes, instance(snap.ServerInstanceID))
+	fs.add(CodeSnapshot, OK, object, "%s, %s, %d prefixes in total%s", plural(len(snap.Replicas), "replica"),
+		plural(len(snap.Tenants), "tenant"), snap.TotalPrefixes, instance(snap.ServerInstanceID))
 	return &snap
 }
 
