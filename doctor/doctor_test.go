@@ -264,3 +264,45 @@ func TestOutputs(t *testing.T) {
 		t.Error("unknown format accepted")
 	}
 }
+
+// hangingAddr accepts connections on 127.0.0.1 and never answers.
+func hangingAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // held open, never read
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return l.Addr().String()
+}
+
+// TestTimeoutBoundsRun: a peer that accepts and never answers costs at most
+// the timeout, and is a FAIL, not a hang.
+func TestTimeoutBoundsRun(t *testing.T) {
+	addr := hangingAddr(t)
+	const timeout = 500 * time.Millisecond
+	r := doctor.Run(ctxT(t), doctor.Options{GRPCAddr: addr, ControlURL: "http://" + addr, Timeout: timeout})
+	wantFinding(t, r, doctor.CodeGRPCUnreachable, doctor.Fail)
+	wantFinding(t, r, doctor.CodeControlDown, doctor.Fail)
+	wantExit(t, r, doctor.ExitFail)
+	if r.Duration > timeout+time.Second {
+		t.Errorf("run took %v with a %v timeout", r.Duration, timeout)
+	}
+}
