@@ -75,7 +75,7 @@ func fetchCluster(ctx context.Context, o *Options, fs *findings) *clusterState {
 	if o.Namespace != "" {
 		nsOpt = append(nsOpt, client.InNamespace(o.Namespace))
 	}
-	crdsOK := true
+	crdsOK := true // every CRD verified by a successful list
 	lists := []struct {
 		what string
 		list client.ObjectList
@@ -94,7 +94,7 @@ func fetchCluster(ctx context.Context, o *Options, fs *findings) *clusterState {
 			if c.listErr(l.what, err, fs) {
 				return nil
 			}
-			crdsOK = crdsOK && !(meta.IsNoMatchError(err) || apierrors.IsNotFound(err))
+			crdsOK = false // missing (IC201 FAIL) or unverified (IC202)
 			continue
 		}
 		if l.ok != nil {

@@ -126,6 +126,15 @@ func TestDataPlaneInsecureServer(t *testing.T) {
 	wantExit(t, r, doctor.ExitWarn)
 }
 
+// TestDataPlaneWrongPort points --control-url at the public HTTP port, where
+// the control paths are 404.
+func TestDataPlaneWrongPort(t *testing.T) {
+	srv := servertest.Start(t, nil)
+	r := doctor.Run(ctxT(t), doctor.Options{ControlURL: "http://" + srv.HTTPAddr().String()})
+	wantFinding(t, r, doctor.CodeControlStatus, doctor.Fail)
+	wantExit(t, r, doctor.ExitFail)
+}
+
 // TestDataPlaneUnreachable points the doctor at closed ports.
 func TestDataPlaneUnreachable(t *testing.T) {
 	r := doctor.Run(ctxT(t), doctor.Options{

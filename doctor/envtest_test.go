@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -41,6 +43,8 @@ const (
 // TokenReview auth against it, and token files of the controller's
 // ServiceAccount.
 type install struct {
+	env        *envtest.Environment
+	cfg        *rest.Config
 	c          client.Client
 	cs         kubernetes.Interface
 	kubeconfig string
@@ -79,7 +83,7 @@ func startInstall(t *testing.T) *install {
 			t.Fatal(err)
 		}
 	}
-	in := &install{}
+	in := &install{env: env, cfg: cfg}
 	if in.c, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +123,12 @@ func startInstall(t *testing.T) *install {
 func (in *install) tokenFile(t *testing.T, dir, sa, aud string) string {
 	t.Helper()
 	exp := int64(3600)
+	var auds []string // none: the apiserver's default audience
+	if aud != "" {
+		auds = []string{aud}
+	}
 	tr, err := in.cs.CoreV1().ServiceAccounts(systemNS).CreateToken(ctxT(t), sa, &authnv1.TokenRequest{
-		Spec: authnv1.TokenRequestSpec{Audiences: []string{aud}, ExpirationSeconds: &exp},
+		Spec: authnv1.TokenRequestSpec{Audiences: auds, ExpirationSeconds: &exp},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("TokenRequest %s %s: %v", sa, aud, err)
@@ -217,7 +225,10 @@ func tenant(in *install, t *testing.T, ns, id string, quota, entries *int64, con
 	}
 	in.create(t, ct, func() {
 		ct.Status.IndexEntries = entries
-		ct.Status.Conditions = append([]metav1.Condition{cond(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonObserved)}, conds...)
+		if !slices.ContainsFunc(conds, func(c metav1.Condition) bool { return c.Type == v1alpha1.ConditionReady }) {
+			conds = append(conds, cond(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonObserved))
+		}
+		ct.Status.Conditions = conds
 	})
 }
 
@@ -327,6 +338,10 @@ func TestInstallation(t *testing.T) {
 		}
 	})
 	in.create(t, backend("broken", "noselector", nil), nil)
+	stale := backend("broken", "stale", engine)
+	in.create(t, stale, func() { // Ready, but about generation 0
+		stale.Status.Conditions = []metav1.Condition{cond(v1alpha1.BackendConditionReady, metav1.ConditionTrue, "Available")}
+	})
 	pod(in, t, "broken", "engine-0", engine, "")
 
 	t.Run("broken backend, missing policy", func(t *testing.T) {
@@ -336,6 +351,8 @@ func TestInstallation(t *testing.T) {
 		wantFinding(t, r, doctor.CodeBackendCondition, doctor.Warn)
 		wantFinding(t, r, doctor.CodeEnginePods, doctor.Warn)
 		wantFinding(t, r, doctor.CodeEmptySelector, doctor.Warn)
+		wantFinding(t, r, doctor.CodeBackendStale, doctor.Warn)
+		wantFinding(t, r, doctor.CodeEnginePods, doctor.OK) // stale matches engine-0
 		wantFinding(t, r, doctor.CodePolicyCoverage, doctor.Warn)
 		wantExit(t, r, doctor.ExitFail)
 	})
@@ -382,6 +399,7 @@ func TestInstallation(t *testing.T) {
 	tenant(in, t, "quota", "quota-over", ptr(int64(10)), ptr(int64(12)),
 		cond(v1alpha1.ConditionQuotaExceeded, metav1.ConditionTrue, v1alpha1.ReasonOverEntryBudget))
 	tenant(in, t, "quota", "quota-near", ptr(int64(10)), ptr(int64(9)))
+	tenant(in, t, "quota", "quota-dup", nil, nil, cond(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDuplicateTenantID))
 	in.index(t, "quota-over", "r1", 12)
 	in.index(t, "quota-near", "r1", 9)
 	for _, configOnly := range []bool{false, true} {
@@ -391,6 +409,7 @@ func TestInstallation(t *testing.T) {
 			r := doctor.Run(ctxT(t), o)
 			wantFinding(t, r, doctor.CodeTenantQuota, doctor.Fail)
 			wantFinding(t, r, doctor.CodeTenantQuota, doctor.Warn)
+			wantFinding(t, r, doctor.CodeTenantNotReady, doctor.Warn)
 			wantExit(t, r, doctor.ExitFail)
 		})
 	}
@@ -449,6 +468,26 @@ func TestInstallation(t *testing.T) {
 		wantExit(t, r, doctor.ExitFail)
 	})
 
+	t.Run("forbidden", func(t *testing.T) {
+		// A ServiceAccount without RBAC grants may discover but not list.
+		tok, err := os.ReadFile(in.tokenFile(t, t.TempDir(), "intruder", ""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := rest.AnonymousClientConfig(in.cfg)
+		cfg.BearerToken = strings.TrimSpace(string(tok))
+		cl, err := doctor.NewClusterClient(cfg, doctor.DefaultTimeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := doctor.Run(ctxT(t), doctor.Options{Cluster: cl, ClusterHost: cfg.Host, Namespace: "healthy"})
+		wantFinding(t, r, doctor.CodeForbidden, doctor.Warn)
+		if r.Has(doctor.CodeCRDs, doctor.OK) || r.Has(doctor.CodeBackendReady, doctor.OK) {
+			t.Errorf("unverified checks reported OK:\n%s", strings.Join(codesAt(r), "\n"))
+		}
+		wantExit(t, r, doctor.ExitWarn)
+	})
+
 	t.Run("missing CRD", func(t *testing.T) {
 		crd := &apiextv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "pdtopologies.inferencecache.io"}}
 		if err := in.c.Delete(ctxT(t), crd); err != nil {
@@ -472,6 +511,23 @@ func TestInstallation(t *testing.T) {
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
+	})
+
+	// Last: with the apiserver gone, the server cannot review a token it
+	// has not cached and fails closed (503), and the cluster is a FAIL.
+	t.Run("apiserver down", func(t *testing.T) {
+		dir := t.TempDir()
+		o := in.options(t, "healthy")
+		o.ControllerTokenPath = in.tokenFile(t, dir, controllerSA, controllerAud)
+		o.PolicyTokenPath = ""
+		if err := in.env.ControlPlane.APIServer.Stop(); err != nil {
+			t.Fatalf("stop kube-apiserver: %v", err)
+		}
+		r := doctor.Run(ctxT(t), o)
+		wantFinding(t, r, doctor.CodeReviewFailed, doctor.Fail)
+		wantFinding(t, r, doctor.CodeClusterAPI, doctor.Fail)
+		wantFinding(t, r, doctor.CodeGRPCHealth, doctor.OK)
+		wantExit(t, r, doctor.ExitFail)
 	})
 }
 
