@@ -301,7 +301,11 @@ func TestInstallation(t *testing.T) {
 	in.index(t, "healthy", "engine-0", 4)
 
 	t.Run("healthy", func(t *testing.T) {
+		start := time.Now() // client construction included
 		r := doctor.Run(ctxT(t), in.options(t, "healthy"))
+		if elapsed := time.Since(start); elapsed > budget {
+			t.Errorf("doctor took %v, budget %v", elapsed, budget)
+		}
 		for _, code := range []string{
 			doctor.CodeGRPCHealth, doctor.CodeSnapshot, doctor.CodePolicyEndpoint, doctor.CodeProbeEndpoint,
 			doctor.CodeNoAuth, doctor.CodeTokenFile, doctor.CodeClusterAPI, doctor.CodeCRDs, doctor.CodeBackendReady,

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/inferencecache/inferencecache/doctor"
@@ -70,7 +71,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", "inferencecache-server.inferencecache-system.svc:9090", "server gRPC address for the grpc.health.v1 check (empty: skip)")
 	fs.BoolVar(&grpcTLS, "grpc-tls", false, "dial the gRPC address with TLS (system roots unless --grpc-ca-file)")
 	fs.StringVar(&caFile, "grpc-ca-file", "", "PEM CA bundle that signs the server's gRPC certificate (implies --grpc-tls)")
-	fs.StringVar(&o.ControlURL, "control-url", "http://inferencecache-server.inferencecache-system.svc:8081", "server internal control address (/snapshot, /policy, /probe; empty: skip)")
+	fs.StringVar(&o.ControlURL, "control-url", "http://inferencecache-server.inferencecache-system.svc:8081", "server internal control address, http://host:port or host:port (/snapshot, /policy, /probe; empty: skip)")
 	fs.StringVar(&o.ControllerTokenPath, "controller-token-path", "/var/run/secrets/inferencecache.io/controller-token/token", "file of a token with audience inferencecache.io/controller, sent to /snapshot and /probe (empty: none)")
 	fs.StringVar(&o.PolicyTokenPath, "policy-token-path", "/var/run/secrets/inferencecache.io/policy-token/token", "file of a token with audience inferencecache.io/policy, sent to /policy (empty: none)")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: KUBECONFIG, ~/.kube/config, then in-cluster)")
@@ -121,6 +122,9 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		o.GRPCTLS = cfg
 	}
 	o.Namespace = namespaceFlag
+	if o.ControlURL != "" && !strings.Contains(o.ControlURL, "://") {
+		o.ControlURL = "http://" + o.ControlURL // host:port, as the server's own flags take it
+	}
 	if !skipCluster {
 		cfg, _, err := doctor.ClusterConfig(kubeconfig, kubeContext)
 		if err == nil {

@@ -63,7 +63,7 @@ func TestDoctorJSON(t *testing.T) {
 	srv := servertest.Start(t, nil)
 	start := time.Now()
 	code, out, stderr := runT(t, "doctor", "-o", "json", "--skip-cluster",
-		"--grpc-addr", srv.GRPCAddr().String(), "--control-url", "http://"+srv.InternalAddr().String(),
+		"--grpc-addr", srv.GRPCAddr().String(), "--control-url", srv.InternalAddr().String(), // no scheme: http
 		"--controller-token-path", "", "--policy-token-path", "")
 	if elapsed := time.Since(start); elapsed > 5*time.Second {
 		t.Errorf("doctor took %v", elapsed)
