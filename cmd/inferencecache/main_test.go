@@ -3,14 +3,23 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
+	"math/big"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/inferencecache/inferencecache/doctor"
+	"github.com/inferencecache/inferencecache/server"
 	"github.com/inferencecache/inferencecache/server/servertest"
 )
 
@@ -102,5 +111,54 @@ func TestDoctorFailures(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// writeCert writes a self-signed ECDSA certificate for 127.0.0.1 and its key
+// into dir.
+func writeCert(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(7),
+		Subject:      pkix.Name{CommonName: "doctor-test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	for path, block := range map[string]*pem.Block{certFile: {Type: "CERTIFICATE", Bytes: der}, keyFile: {Type: "EC PRIVATE KEY", Bytes: kb}} {
+		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certFile, keyFile
+}
+
+// TestDoctorGRPCTLS checks a server that serves gRPC over TLS: healthy with
+// --grpc-ca-file, unreachable in plaintext.
+func TestDoctorGRPCTLS(t *testing.T) {
+	certFile, keyFile := writeCert(t, t.TempDir())
+	srv := servertest.Start(t, func(c *server.Config) { c.TLSCertFile, c.TLSKeyFile = certFile, keyFile })
+	base := []string{"doctor", "-o", "table", "--skip-cluster", "--control-url", "", "--controller-token-path", "",
+		"--policy-token-path", "", "--grpc-addr", srv.GRPCAddr().String()}
+	if code, out, _ := runT(t, append(base, "--grpc-ca-file", certFile)...); code != 0 || !strings.Contains(out, "IC100") {
+		t.Errorf("TLS: exit %d:\n%s", code, out)
+	}
+	if code, out, _ := runT(t, base...); code != doctor.ExitFail || !strings.Contains(out, "IC101") {
+		t.Errorf("plaintext to a TLS server: exit %d:\n%s", code, out)
 	}
 }
