@@ -126,15 +126,14 @@ func fetchCluster(ctx context.Context, o *Options, fs *findings) *clusterState {
 
 	// Resolve injected-by keys outside the listed scope with a Get each.
 	if c.podsOK && c.backendsOK && o.Namespace != "" {
+		tried := map[string]bool{}
 		for _, p := range c.pods {
 			key := strings.TrimSpace(p.Annotations[InjectedByAnnotation])
 			ns, name, ok := strings.Cut(key, "/")
-			if !ok || ns == o.Namespace {
-				continue
+			if !ok || ns == "" || name == "" || ns == o.Namespace || tried[key] {
+				continue // malformed keys are reported by checkOrphans
 			}
-			if _, seen := c.remoteBackends[key]; seen {
-				continue
-			}
+			tried[key] = true
 			err := o.Cluster.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.CacheBackend{})
 			switch {
 			case err == nil:

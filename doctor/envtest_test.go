@@ -419,11 +419,13 @@ func TestInstallation(t *testing.T) {
 		})
 	}
 
-	// orphan: a pod injected by a backend that is gone, next to one injected
-	// by a backend of another namespace that exists.
+	// orphan: a pod injected by a backend that is gone, one with a malformed
+	// annotation, and one injected by an existing backend of another
+	// namespace.
 	acceptedPolicy(in, t, "orphan")
 	pod(in, t, "orphan", "stale", nil, "orphan/gone")
 	pod(in, t, "orphan", "elsewhere", nil, "healthy/cb")
+	pod(in, t, "orphan", "malformed", nil, "no-slash")
 	t.Run("orphaned pod", func(t *testing.T) {
 		r := doctor.Run(ctxT(t), in.options(t, "orphan"))
 		var orphans []string
@@ -432,8 +434,8 @@ func TestInstallation(t *testing.T) {
 				orphans = append(orphans, f.Object)
 			}
 		}
-		if len(orphans) != 1 || orphans[0] != "pod orphan/stale" {
-			t.Errorf("orphans %q, want [pod orphan/stale]", orphans)
+		if want := []string{"pod orphan/malformed", "pod orphan/stale"}; !slices.Equal(orphans, want) {
+			t.Errorf("orphans %q, want %q", orphans, want)
 		}
 		wantExit(t, r, doctor.ExitWarn)
 	})
@@ -442,7 +444,7 @@ func TestInstallation(t *testing.T) {
 		wantFinding(t, r, doctor.CodeOrphanPod, doctor.Warn)
 		wantFinding(t, r, doctor.CodeBackendReady, doctor.Fail)
 		for _, f := range r.Findings {
-			if f.Code == doctor.CodeOrphanPod && f.Object != "pod orphan/stale" {
+			if f.Code == doctor.CodeOrphanPod && f.Object == "pod orphan/elsewhere" {
 				t.Errorf("unexpected orphan %s: %s", f.Object, f.Message)
 			}
 		}
