@@ -17,6 +17,9 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/inferencecache/inferencecache/doctor"
 )
 
@@ -121,6 +124,9 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		o.GRPCTLS = cfg
 	}
+	// The client's own logs would only repeat what the findings say; an
+	// unset logger also makes controller-runtime print a warning.
+	ctrllog.SetLogger(logr.Discard())
 	o.Namespace = namespaceFlag
 	if o.ControlURL != "" && !strings.Contains(o.ControlURL, "://") {
 		o.ControlURL = "http://" + o.ControlURL // host:port, as the server's own flags take it
