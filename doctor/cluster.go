@@ -1,11 +1,13 @@
 package doctor
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,8 +40,11 @@ type clusterState struct {
 	tenantsOK  bool
 	policies   []v1alpha1.CachePolicy
 	policiesOK bool
-	pods       []metav1.PartialObjectMetadata
-	podsOK     bool
+	// index is the controller's CacheIndex; indexOK says the list worked.
+	index   *v1alpha1.CacheIndex
+	indexOK bool
+	pods    []metav1.PartialObjectMetadata
+	podsOK  bool
 	// remoteBackends records, for injected-by keys outside Options.Namespace,
 	// whether the backend exists.
 	remoteBackends map[string]bool
@@ -85,7 +90,7 @@ func fetchCluster(ctx context.Context, o *Options, fs *findings) *clusterState {
 		{"cachebackends.inferencecache.io", &v1alpha1.CacheBackendList{}, nsOpt, &c.backendsOK},
 		{"cachetenants.inferencecache.io", &v1alpha1.CacheTenantList{}, nsOpt, &c.tenantsOK},
 		{"cachepolicies.inferencecache.io", &v1alpha1.CachePolicyList{}, nsOpt, &c.policiesOK},
-		{"cacheindices.inferencecache.io", &v1alpha1.CacheIndexList{}, []client.ListOption{client.Limit(1)}, nil},
+		{"cacheindices.inferencecache.io", &v1alpha1.CacheIndexList{}, nil, &c.indexOK},
 		{"prompttemplates.inferencecache.io", &v1alpha1.PromptTemplateList{}, append([]client.ListOption{client.Limit(1)}, nsOpt...), nil},
 		{"pdtopologies.inferencecache.io", &v1alpha1.PDTopologyList{}, append([]client.ListOption{client.Limit(1)}, nsOpt...), nil},
 	}
@@ -107,6 +112,12 @@ func fetchCluster(ctx context.Context, o *Options, fs *findings) *clusterState {
 			c.tenants = l.Items
 		case *v1alpha1.CachePolicyList:
 			c.policies = l.Items
+		case *v1alpha1.CacheIndexList:
+			for i := range l.Items {
+				if l.Items[i].Name == v1alpha1.CacheIndexName {
+					c.index = &l.Items[i]
+				}
+			}
 		}
 	}
 	fs.add(CodeClusterAPI, OK, o.ClusterHost, "reachable")
@@ -166,6 +177,23 @@ func (c *clusterState) evaluate(snap *controlapi.CacheSnapshot, fs *findings) {
 	if c.policiesOK {
 		c.checkPolicies(fs)
 	}
+	if c.indexOK {
+		c.checkIndex(fs)
+	}
+}
+
+// checkIndex reports whether the controller ever projected a /snapshot into
+// the CacheIndex: its absence means the controller's snapshot poll never
+// succeeded (not running, or cannot reach or authenticate to :8081).
+func (c *clusterState) checkIndex(fs *findings) {
+	obj := "cacheindex " + v1alpha1.CacheIndexName
+	ci := c.index
+	if ci == nil || ci.Status.LastUpdated == nil {
+		fs.add(CodeCacheIndex, Warn, obj, "the controller has not projected a server snapshot yet")
+		return
+	}
+	fs.add(CodeCacheIndex, OK, obj, "%d prefixes from %s, last changed %s",
+		ci.Status.Prefixes.Summary.Total, cmp.Or(ci.Status.ObservedServer, "the server"), ci.Status.LastUpdated.UTC().Format(time.RFC3339))
 }
 
 func objName(kind string, o metav1.Object) string {

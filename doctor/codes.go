@@ -41,6 +41,7 @@ const (
 	CodePolicyCoverage   = "IC260"
 	CodePolicyAccepted   = "IC261"
 	CodePolicyPropagated = "IC262"
+	CodeCacheIndex       = "IC270"
 )
 
 // allCodes is every code the doctor emits, in code order. README.md lists the
@@ -127,6 +128,9 @@ var allCodes = []Code{
 	{CodePolicyPropagated, "policy-propagated",
 		"An accepted CachePolicy's Propagated condition is False: not every routing server acknowledged its generation.",
 		"Read status.propagation for the failing server; check the server pods and the controller's policy token."},
+	{CodeCacheIndex, "cacheindex",
+		"The CacheIndex cluster-default is missing or has no status: the controller's /snapshot poll never succeeded (controller not running, or it cannot reach or authenticate to the server's :8081).",
+		"Check the controller pod and its logs for snapshot errors; its --server-address and --controller-token-path must match the server."},
 }
 
 // codeIndex maps a code to its documentation.

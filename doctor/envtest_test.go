@@ -175,7 +175,9 @@ func (in *install) namespace(t *testing.T, ns string) {
 func (in *install) create(t *testing.T, obj client.Object, setStatus func()) {
 	t.Helper()
 	ctx := ctxT(t)
-	in.namespace(t, obj.GetNamespace())
+	if ns := obj.GetNamespace(); ns != "" {
+		in.namespace(t, ns)
+	}
 	if err := in.c.Create(ctx, obj); err != nil {
 		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 	}
@@ -292,6 +294,14 @@ func TestInstallation(t *testing.T) {
 	in := startInstall(t)
 	engine := map[string]string{"app": "engine"}
 
+	// The controller's projection of the snapshot.
+	ci := &v1alpha1.CacheIndex{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CacheIndexName}}
+	in.create(t, ci, func() {
+		ci.Status.ObservedServer = "http://" + in.srv.InternalAddr().String()
+		ci.Status.LastUpdated = ptr(metav1.Now())
+		ci.Status.Prefixes.Summary.Total = 4
+	})
+
 	// healthy: accepted policy, ready backend whose pod is in the index,
 	// tenant well within its quota.
 	acceptedPolicy(in, t, "healthy")
@@ -310,7 +320,7 @@ func TestInstallation(t *testing.T) {
 			doctor.CodeGRPCHealth, doctor.CodeSnapshot, doctor.CodePolicyEndpoint, doctor.CodeProbeEndpoint,
 			doctor.CodeNoAuth, doctor.CodeTokenFile, doctor.CodeClusterAPI, doctor.CodeCRDs, doctor.CodeBackendReady,
 			doctor.CodeEnginePods, doctor.CodeParticipation, doctor.CodeTenantQuota, doctor.CodePolicyCoverage,
-			doctor.CodePolicyAccepted,
+			doctor.CodePolicyAccepted, doctor.CodeCacheIndex,
 		} {
 			wantFinding(t, r, code, doctor.OK)
 		}
@@ -473,6 +483,17 @@ func TestInstallation(t *testing.T) {
 			t.Error("endpoint reported reachable with a rejected token")
 		}
 		wantExit(t, r, doctor.ExitFail)
+	})
+
+	t.Run("no cacheindex", func(t *testing.T) {
+		if err := in.c.Delete(ctxT(t), ci); err != nil {
+			t.Fatal(err)
+		}
+		o := in.options(t, "healthy")
+		o.ConfigOnly = true
+		r := doctor.Run(ctxT(t), o)
+		wantFinding(t, r, doctor.CodeCacheIndex, doctor.Warn)
+		wantExit(t, r, doctor.ExitWarn)
 	})
 
 	t.Run("forbidden", func(t *testing.T) {
