@@ -24,11 +24,13 @@ const maxSnapshotBytes = 64 << 20
 // checkDataPlane checks gRPC health and the control endpoints. It returns the
 // decoded /snapshot, or nil when it was not read.
 func checkDataPlane(ctx context.Context, o *Options, fs *findings) *controlapi.CacheSnapshot {
-	ctrlTok, ctrlOK := readToken(o.ControllerTokenPath, "--controller-token-path", fs)
-	polTok, polOK := readToken(o.PolicyTokenPath, "--policy-token-path", fs)
 	if o.ConfigOnly {
+		// The tokens are only used for calls; a config-only run from outside
+		// the cluster must not fail on the in-pod default paths.
 		return nil
 	}
+	ctrlTok, ctrlOK := readToken(o.ControllerTokenPath, "--controller-token-path", fs)
+	polTok, polOK := readToken(o.PolicyTokenPath, "--policy-token-path", fs)
 	if o.GRPCAddr != "" {
 		checkGRPCHealth(ctx, o, fs)
 	}

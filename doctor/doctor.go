@@ -151,8 +151,8 @@ type Options struct {
 	// all namespaces.
 	Namespace string
 
-	// ConfigOnly skips every data-plane call (gRPC and HTTP); the cluster
-	// and the token files are still checked.
+	// ConfigOnly skips every data-plane call (gRPC and HTTP) and the token
+	// files those calls would use; the cluster is still checked.
 	ConfigOnly bool
 	// Timeout bounds the whole Run; zero means DefaultTimeout.
 	Timeout time.Duration

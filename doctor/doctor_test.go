@@ -197,7 +197,6 @@ func TestTokenFiles(t *testing.T) {
 	r := doctor.Run(ctxT(t), doctor.Options{
 		ControllerTokenPath: filepath.Join(dir, "missing"),
 		PolicyTokenPath:     empty,
-		ConfigOnly:          true,
 	})
 	if n := len(r.Findings); n != 2 || !r.Has(doctor.CodeTokenFile, doctor.Fail) {
 		t.Fatalf("findings %v, want two IC115 FAIL", codesAt(r))
@@ -206,10 +205,11 @@ func TestTokenFiles(t *testing.T) {
 }
 
 // TestConfigOnlyMakesNoCalls: --config-only must not touch the data plane,
-// so closed ports produce no finding at all.
+// so closed ports and missing token files produce no finding at all.
 func TestConfigOnlyMakesNoCalls(t *testing.T) {
 	r := doctor.Run(ctxT(t), doctor.Options{
 		GRPCAddr: closedAddr(t), ControlURL: "http://" + closedAddr(t), ConfigOnly: true,
+		ControllerTokenPath: filepath.Join(t.TempDir(), "missing"),
 	})
 	if len(r.Findings) != 0 {
 		t.Fatalf("config-only findings %v, want none", codesAt(r))

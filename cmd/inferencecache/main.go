@@ -81,7 +81,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.StringVar(&kubeContext, "context", "", "kubeconfig context (default: the current one)")
 	fs.StringVar(&namespaceFlag, "namespace", "", "check only this namespace (default: all namespaces)")
 	fs.StringVar(&namespaceFlag, "n", "", "same as --namespace")
-	fs.BoolVar(&o.ConfigOnly, "config-only", false, "cluster and configuration checks only: no gRPC or HTTP call to the server")
+	fs.BoolVar(&o.ConfigOnly, "config-only", false, "cluster checks only: no gRPC or HTTP call to the server (token files are not read either)")
 	fs.BoolVar(&skipCluster, "skip-cluster", false, "data-plane checks only: no Kubernetes API call")
 	fs.DurationVar(&o.Timeout, "timeout", doctor.DefaultTimeout, "bound on the whole run")
 	if err := fs.Parse(args); err != nil {
