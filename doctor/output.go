@@ -44,7 +44,7 @@ func writeHuman(w io.Writer, r *Report) error {
 			group = g
 			b.WriteString(g + "\n")
 		}
-		fmt.Fprintf(&b, "  %-6s %s %-19s ", "["+f.Severity.String()+"]", f.Code, f.Check)
+		fmt.Fprintf(&b, "  %-6s %s %-*s ", "["+f.Severity.String()+"]", f.Code, titleWidth, f.Check)
 		if f.Object != "" {
 			b.WriteString(f.Object + ": ")
 		}
@@ -62,6 +62,15 @@ func writeHuman(w io.Writer, r *Report) error {
 	_, err := io.WriteString(w, b.String())
 	return err
 }
+
+// titleWidth is the longest check name, so human messages line up.
+var titleWidth = func() int {
+	w := 0
+	for _, c := range allCodes {
+		w = max(w, len(c.Title))
+	}
+	return w
+}()
 
 func groupOf(code string) string {
 	switch {
