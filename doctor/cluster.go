@@ -1,0 +1,455 @@
+package doctor
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/inferencecache/controlapi"
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+)
+
+// InjectedByAnnotation is the engine pod annotation, "<namespace>/<name>",
+// naming the CacheBackend whose injection the pod carries. It mirrors the
+// operator's controller.InjectedByAnnotation (internal to the operator).
+const InjectedByAnnotation = "inferencecache.io/injected-by"
+
+// quotaWarnFraction is the share of maxIndexEntries from which a tenant is
+// reported near its quota.
+const quotaWarnFraction = 0.9
+
+// clusterState is what fetchCluster read; evaluate turns it into findings.
+type clusterState struct {
+	o *Options
+
+	// Nil slices with a false *OK mean the list failed (already reported).
+	backends   []v1alpha1.CacheBackend
+	backendsOK bool
+	tenants    []v1alpha1.CacheTenant
+	tenantsOK  bool
+	policies   []v1alpha1.CachePolicy
+	policiesOK bool
+	// index is the controller's CacheIndex; indexOK says the list worked.
+	index   *v1alpha1.CacheIndex
+	indexOK bool
+	pods    []metav1.PartialObjectMetadata
+	podsOK  bool
+	// remoteBackends records, for injected-by keys outside Options.Namespace,
+	// whether the backend exists.
+	remoteBackends map[string]bool
+}
+
+// listErr classifies a list/get error. It returns fatal=true when the
+// apiserver itself is unusable (reported once as IC200).
+func (c *clusterState) listErr(what string, err error, fs *findings) (fatal bool) {
+	switch {
+	case meta.IsNoMatchError(err) || apierrors.IsNotFound(err):
+		fs.add(CodeCRDs, Fail, what, "CRD not installed: %s", oneLine(err))
+	case apierrors.IsForbidden(err):
+		fs.add(CodeForbidden, Warn, what, "cannot list: %s; its checks were skipped", oneLine(err))
+	default:
+		fs.add(CodeClusterAPI, Fail, c.o.ClusterHost, "cannot list %s: %s", what, oneLine(err))
+		return true
+	}
+	return false
+}
+
+// fetchCluster reads everything the cluster checks need. It returns nil when
+// the cluster is not checked or unusable.
+func fetchCluster(ctx context.Context, o *Options, fs *findings) *clusterState {
+	if o.ClusterErr != nil {
+		fs.add(CodeClusterAPI, Fail, o.ClusterHost, "no usable cluster configuration: %s", oneLine(o.ClusterErr))
+		return nil
+	}
+	if o.Cluster == nil {
+		return nil
+	}
+	c := &clusterState{o: o, remoteBackends: map[string]bool{}}
+	var nsOpt []client.ListOption
+	if o.Namespace != "" {
+		nsOpt = append(nsOpt, client.InNamespace(o.Namespace))
+	}
+	crdsOK := true // every CRD verified by a successful list
+	lists := []struct {
+		what string
+		list client.ObjectList
+		opts []client.ListOption
+		ok   *bool
+	}{
+		{"cachebackends.inferencecache.io", &v1alpha1.CacheBackendList{}, nsOpt, &c.backendsOK},
+		{"cachetenants.inferencecache.io", &v1alpha1.CacheTenantList{}, nsOpt, &c.tenantsOK},
+		{"cachepolicies.inferencecache.io", &v1alpha1.CachePolicyList{}, nsOpt, &c.policiesOK},
+		{"cacheindices.inferencecache.io", &v1alpha1.CacheIndexList{}, nil, &c.indexOK},
+		{"prompttemplates.inferencecache.io", &v1alpha1.PromptTemplateList{}, append([]client.ListOption{client.Limit(1)}, nsOpt...), nil},
+		{"pdtopologies.inferencecache.io", &v1alpha1.PDTopologyList{}, append([]client.ListOption{client.Limit(1)}, nsOpt...), nil},
+	}
+	for _, l := range lists {
+		if err := o.Cluster.List(ctx, l.list, l.opts...); err != nil {
+			if c.listErr(l.what, err, fs) {
+				return nil
+			}
+			crdsOK = false // missing (IC201 FAIL) or unverified (IC202)
+			continue
+		}
+		if l.ok != nil {
+			*l.ok = true
+		}
+		switch l := l.list.(type) {
+		case *v1alpha1.CacheBackendList:
+			c.backends = l.Items
+		case *v1alpha1.CacheTenantList:
+			c.tenants = l.Items
+		case *v1alpha1.CachePolicyList:
+			c.policies = l.Items
+		case *v1alpha1.CacheIndexList:
+			for i := range l.Items {
+				if l.Items[i].Name == v1alpha1.CacheIndexName {
+					c.index = &l.Items[i]
+				}
+			}
+		}
+	}
+	fs.add(CodeClusterAPI, OK, o.ClusterHost, "reachable")
+	if crdsOK {
+		fs.add(CodeCRDs, OK, "", "%d inferencecache.io CRDs installed", len(lists))
+	}
+
+	pods := &metav1.PartialObjectMetadataList{}
+	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+	if err := o.Cluster.List(ctx, pods, nsOpt...); err != nil {
+		if c.listErr("pods", err, fs) {
+			return nil
+		}
+	} else {
+		c.pods, c.podsOK = pods.Items, true
+	}
+
+	// Resolve injected-by keys outside the listed scope with a Get each.
+	if c.podsOK && c.backendsOK && o.Namespace != "" {
+		tried := map[string]bool{}
+		for _, p := range c.pods {
+			key := strings.TrimSpace(p.Annotations[InjectedByAnnotation])
+			ns, name, ok := strings.Cut(key, "/")
+			if !ok || ns == "" || name == "" || ns == o.Namespace || tried[key] {
+				continue // malformed keys are reported by checkOrphans
+			}
+			tried[key] = true
+			err := o.Cluster.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.CacheBackend{})
+			switch {
+			case err == nil:
+				c.remoteBackends[key] = true
+			case apierrors.IsNotFound(err):
+				c.remoteBackends[key] = false
+			default:
+				fs.add(CodeForbidden, Warn, "cachebackend "+key, "cannot get: %s; orphan check skipped for it", oneLine(err))
+			}
+		}
+	}
+	return c
+}
+
+// evaluate checks the fetched objects; snap is the live /snapshot or nil.
+func (c *clusterState) evaluate(snap *controlapi.CacheSnapshot, fs *findings) {
+	if c.backendsOK {
+		for i := range c.backends {
+			c.checkBackend(&c.backends[i], snap, fs)
+		}
+		if c.podsOK {
+			c.checkOrphans(fs)
+		}
+	}
+	if c.tenantsOK {
+		for i := range c.tenants {
+			checkTenant(&c.tenants[i], snap, fs)
+		}
+	}
+	if c.policiesOK {
+		c.checkPolicies(fs)
+	}
+	if c.indexOK {
+		c.checkIndex(fs)
+	}
+}
+
+// checkIndex reports whether the controller ever projected a /snapshot into
+// the CacheIndex: its absence means the controller's snapshot poll never
+// succeeded (not running, or cannot reach or authenticate to :8081).
+func (c *clusterState) checkIndex(fs *findings) {
+	obj := "cacheindex " + v1alpha1.CacheIndexName
+	ci := c.index
+	if ci == nil || ci.Status.LastUpdated == nil {
+		fs.add(CodeCacheIndex, Warn, obj, "the controller has not projected a server snapshot yet")
+		return
+	}
+	fs.add(CodeCacheIndex, OK, obj, "%d prefixes from %s, last changed %s",
+		ci.Status.Prefixes.Summary.Total, cmp.Or(ci.Status.ObservedServer, "the server"), ci.Status.LastUpdated.UTC().Format(time.RFC3339))
+}
+
+func objName(kind string, o metav1.Object) string {
+	return kind + " " + o.GetNamespace() + "/" + o.GetName()
+}
+
+// badWhenTrue are backend conditions that report a problem when True; the
+// other non-Ready, non-Progressing ones report a problem when False.
+var badWhenTrue = map[string]bool{
+	v1alpha1.BackendConditionDegraded:   true,
+	v1alpha1.BackendConditionT2Degraded: true,
+}
+
+func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.CacheSnapshot, fs *findings) {
+	obj := objName("cachebackend", b)
+	switch ready := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionReady); {
+	case ready == nil:
+		fs.add(CodeBackendReady, Warn, obj, "no Ready condition: the controller has not reconciled it")
+	case ready.Status == metav1.ConditionTrue:
+		fs.add(CodeBackendReady, OK, obj, "Ready (%s)", ready.Reason)
+	default:
+		fs.add(CodeBackendReady, Fail, obj, "Ready=%s %s: %s", ready.Status, ready.Reason, ready.Message)
+	}
+	for _, cond := range b.Status.Conditions {
+		if cond.Type == v1alpha1.BackendConditionReady || cond.Type == v1alpha1.BackendConditionProgressing {
+			continue
+		}
+		bad := cond.Status == metav1.ConditionFalse
+		if badWhenTrue[cond.Type] {
+			bad = cond.Status == metav1.ConditionTrue
+		}
+		if bad {
+			fs.add(CodeBackendCondition, Warn, obj, "%s=%s %s: %s", cond.Type, cond.Status, cond.Reason, cond.Message)
+		}
+	}
+	if len(b.Status.Conditions) > 0 && b.Status.ObservedGeneration < b.Generation {
+		fs.add(CodeBackendStale, Warn, obj, "status is about generation %d, spec is at %d", b.Status.ObservedGeneration, b.Generation)
+	}
+
+	var sel map[string]string
+	if b.Spec.EngineSelector != nil {
+		sel = b.Spec.EngineSelector.MatchLabels
+	}
+	if len(sel) == 0 {
+		fs.add(CodeEmptySelector, Warn, obj, "spec.engineSelector.matchLabels is empty: no engine pod is claimed")
+		return
+	}
+	if !c.podsOK {
+		return
+	}
+	matched := map[string]bool{}
+	for _, p := range c.pods {
+		if p.Namespace == b.Namespace && hasLabels(p.Labels, sel) {
+			matched[p.Name] = true
+		}
+	}
+	if len(matched) == 0 {
+		fs.add(CodeEnginePods, Warn, obj, "no pod in %s matches engineSelector %s", b.Namespace, formatLabels(sel))
+		return
+	}
+	fs.add(CodeEnginePods, OK, obj, "%s match %s", plural(len(matched), "engine pod"), formatLabels(sel))
+	c.checkParticipation(b, obj, matched, snap, fs)
+}
+
+// checkParticipation looks for the backend's matched pods in the index: in
+// the live snapshot (a replica is the pod named by its replicaId in the
+// namespace named by its tenant) or, without one, in
+// status.indexParticipation.
+func (c *clusterState) checkParticipation(b *v1alpha1.CacheBackend, obj string, matched map[string]bool, snap *controlapi.CacheSnapshot, fs *findings) {
+	if snap != nil {
+		var rows int
+		var prefixes int64
+		for _, r := range snap.Replicas {
+			if r.Tenant == b.Namespace && matched[r.ReplicaID] {
+				rows++
+				prefixes += r.PrefixCount
+			}
+		}
+		switch {
+		case rows == 0:
+			fs.add(CodeParticipation, Warn, obj, "none of the matched pods (%d) is in the server's index (/snapshot)", len(matched))
+		case prefixes == 0:
+			fs.add(CodeParticipation, Info, obj, "%d of %d matched pods report stats but hold no prefixes", rows, len(matched))
+		default:
+			fs.add(CodeParticipation, OK, obj, "%d of %d matched pods in the index, %d prefixes (/snapshot)", rows, len(matched), prefixes)
+		}
+		return
+	}
+	switch p := b.Status.IndexParticipation; {
+	case p == nil:
+		fs.add(CodeParticipation, Info, obj, "status.indexParticipation not reported yet")
+	case p.PrefixCount == 0:
+		fs.add(CodeParticipation, Warn, obj, "status.indexParticipation.prefixCount is 0: no KV events indexed")
+	default:
+		fs.add(CodeParticipation, OK, obj, "%d prefixes (status.indexParticipation)", p.PrefixCount)
+	}
+}
+
+func hasLabels(labels, sel map[string]string) bool {
+	for k, v := range sel {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func formatLabels(m map[string]string) string {
+	keys := slices.Sorted(maps.Keys(m))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+// checkOrphans reports pods injected by a CacheBackend that is gone.
+func (c *clusterState) checkOrphans(fs *findings) {
+	exists := make(map[string]bool, len(c.backends))
+	for i := range c.backends {
+		exists[c.backends[i].Namespace+"/"+c.backends[i].Name] = true
+	}
+	for k, v := range c.remoteBackends {
+		exists[k] = v
+	}
+	for i := range c.pods {
+		p := &c.pods[i]
+		key, ok := p.Annotations[InjectedByAnnotation]
+		if !ok {
+			continue
+		}
+		key = strings.TrimSpace(key)
+		if ns, name, ok := strings.Cut(key, "/"); !ok || ns == "" || name == "" {
+			fs.add(CodeOrphanPod, Warn, objName("pod", p), "malformed %s annotation %q (want <namespace>/<name>)", InjectedByAnnotation, key)
+			continue
+		}
+		known, checked := exists[key]
+		if !checked {
+			ns, _, _ := strings.Cut(key, "/")
+			if c.o.Namespace != "" && ns != c.o.Namespace {
+				continue // the Get failed and was reported
+			}
+		}
+		if !known {
+			fs.add(CodeOrphanPod, Warn, objName("pod", p), "injected by cachebackend %s, which no longer exists", key)
+		}
+	}
+}
+
+func checkTenant(t *v1alpha1.CacheTenant, snap *controlapi.CacheSnapshot, fs *findings) {
+	obj := objName("cachetenant", t)
+	if r := meta.FindStatusCondition(t.Status.Conditions, v1alpha1.ConditionReady); r != nil && r.Status == metav1.ConditionFalse {
+		fs.add(CodeTenantNotReady, Warn, obj, "Ready=False %s: %s", r.Reason, r.Message)
+	}
+	var entries *int64
+	source := "status.indexEntries"
+	if snap != nil {
+		source = "/snapshot"
+		var n int64 // a tenant absent from the snapshot holds nothing
+		for _, ts := range snap.Tenants {
+			if ts.TenantID == t.Spec.TenantID {
+				n = ts.IndexEntries
+			}
+		}
+		entries = &n
+	} else if t.Status.IndexEntries != nil {
+		entries = t.Status.IndexEntries
+	}
+	exceeded := meta.IsStatusConditionTrue(t.Status.Conditions, v1alpha1.ConditionQuotaExceeded)
+	var limit *int64
+	if t.Spec.Quota != nil {
+		limit = t.Spec.Quota.MaxIndexEntries
+	}
+	switch {
+	case limit == nil && entries == nil:
+		fs.add(CodeTenantQuota, OK, obj, "tenant %q: no quota", t.Spec.TenantID)
+	case limit == nil:
+		fs.add(CodeTenantQuota, OK, obj, "tenant %q: no quota, %d entries (%s)", t.Spec.TenantID, *entries, source)
+	case exceeded:
+		fs.add(CodeTenantQuota, Fail, obj, "tenant %q: QuotaExceeded=True, %s", t.Spec.TenantID, usage(entries, *limit, source))
+	case entries == nil:
+		fs.add(CodeTenantQuota, Info, obj, "tenant %q: quota %d, entries not observed yet", t.Spec.TenantID, *limit)
+	case *entries > *limit:
+		fs.add(CodeTenantQuota, Fail, obj, "tenant %q: %d entries over the quota of %d (%s)", t.Spec.TenantID, *entries, *limit, source)
+	case *limit == 0:
+		fs.add(CodeTenantQuota, Info, obj, "tenant %q: quota 0 admits no entries", t.Spec.TenantID)
+	case float64(*entries) >= quotaWarnFraction*float64(*limit):
+		fs.add(CodeTenantQuota, Warn, obj, "tenant %q: %d of %d entries (%.0f%%, %s)", t.Spec.TenantID, *entries, *limit, 100*float64(*entries)/float64(*limit), source)
+	default:
+		fs.add(CodeTenantQuota, OK, obj, "tenant %q: %d of %d entries (%s)", t.Spec.TenantID, *entries, *limit, source)
+	}
+}
+
+func usage(n *int64, limit int64, source string) string {
+	if n == nil {
+		return fmt.Sprintf("quota %d, entries not observed", limit)
+	}
+	return fmt.Sprintf("%d of %d entries (%s)", *n, limit, source)
+}
+
+// plural is "1 pod" or "n pods".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+func (c *clusterState) checkPolicies(fs *findings) {
+	governed := map[string]bool{}
+	for i := range c.policies {
+		p := &c.policies[i]
+		governed[p.Namespace] = true
+		obj := objName("cachepolicy", p)
+		acc := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionAccepted)
+		switch {
+		case acc == nil:
+			fs.add(CodePolicyAccepted, Warn, obj, "no Accepted condition: the controller has not reconciled it")
+			continue
+		case acc.Status != metav1.ConditionTrue:
+			fs.add(CodePolicyAccepted, Fail, obj, "Accepted=%s %s: %s", acc.Status, acc.Reason, acc.Message)
+			continue
+		}
+		fs.add(CodePolicyAccepted, OK, obj, "Accepted")
+		if pr := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionPropagated); pr != nil {
+			if pr.Status == metav1.ConditionTrue {
+				fs.add(CodePolicyPropagated, OK, obj, "Propagated (%s)", pr.Reason)
+			} else {
+				fs.add(CodePolicyPropagated, Warn, obj, "Propagated=%s %s: %s", pr.Status, pr.Reason, pr.Message)
+			}
+		}
+	}
+	type usage struct{ backends, tenants int }
+	used := map[string]*usage{}
+	at := func(ns string) *usage {
+		if used[ns] == nil {
+			used[ns] = &usage{}
+		}
+		return used[ns]
+	}
+	if c.backendsOK {
+		for i := range c.backends {
+			at(c.backends[i].Namespace).backends++
+		}
+	}
+	if c.tenantsOK {
+		for i := range c.tenants {
+			at(c.tenants[i].Namespace).tenants++
+		}
+	}
+	for _, ns := range slices.Sorted(maps.Keys(used)) {
+		u := used[ns]
+		if governed[ns] {
+			fs.add(CodePolicyCoverage, OK, "namespace "+ns, "covered by a CachePolicy")
+			continue
+		}
+		fs.add(CodePolicyCoverage, Warn, "namespace "+ns, "%s and %s but no CachePolicy: server defaults apply", plural(u.backends, "CacheBackend"), plural(u.tenants, "CacheTenant"))
+	}
+}
