@@ -169,7 +169,9 @@ func (c conds) set(typ string, status metav1.ConditionStatus, reason, msg string
 // the backend is not available, so neither the gate nor the probe applies).
 func managedConditions(b *v1alpha1.CacheBackend, w workloadState, now time.Time, c conds) *kvGate {
 	st := &b.Status
-	ready := func(s metav1.ConditionStatus, reason, msg string) { c.set(v1alpha1.BackendConditionReady, s, reason, msg) }
+	ready := func(s metav1.ConditionStatus, reason, msg string) {
+		c.set(v1alpha1.BackendConditionReady, s, reason, msg)
+	}
 	degraded := func(reason, msg string) {
 		if reason == ReasonNotDegraded {
 			c.set(v1alpha1.BackendConditionDegraded, metav1.ConditionFalse, reason, "the backend serves as configured")

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -41,9 +40,9 @@ import (
 // CacheBackendOptions tunes the CacheBackend reconciler; the zero value is
 // production's.
 type CacheBackendOptions struct {
-	// Clock is the reconciler's clock (KV-gate timeout, probe and cascade
-	// windows, status times); nil means the real one.
-	Clock clock.PassiveClock
+	// Now is the reconciler's clock (KV-gate timeout, probe and cascade
+	// windows, status times); nil means time.Now.
+	Now func() time.Time
 	// ProbeInterval is the least time between two /probe calls for one
 	// backend (default DefaultInterval, 30 s).
 	ProbeInterval time.Duration
@@ -99,8 +98,8 @@ type CacheBackendReconciler struct {
 var _ reconcile.Reconciler = (*CacheBackendReconciler)(nil)
 
 func (r *CacheBackendReconciler) now() time.Time {
-	if r.Options.Clock != nil {
-		return r.Options.Clock.Now()
+	if r.Options.Now != nil {
+		return r.Options.Now()
 	}
 	return time.Now()
 }
