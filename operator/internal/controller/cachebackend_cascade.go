@@ -71,9 +71,9 @@ func parseInstance(s string) map[string]int {
 }
 
 // replaced reports whether the server went from instance old to now in a
-// way the engines must recover from: a pod of old no longer exists (among
-// all the backend's pods, ready or not: existing lists their uids), or one
-// of them restarted. Pods only added (a scale-up) are not a replacement.
+// way the engines must recover from: a pod of old no longer exists or is
+// terminating (existing lists the uids of the backend's other pods, ready or
+// not), or one of them restarted. Pods only added (a scale-up) are not a replacement.
 func replaced(old, now string, existing map[types.UID]bool) bool {
 	if old == "" || now == "" || old == now {
 		return false
@@ -104,21 +104,28 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 	}
 	existing := make(map[types.UID]bool, len(serverPods))
 	for i := range serverPods {
-		existing[serverPods[i].UID] = true
+		if serverPods[i].DeletionTimestamp == nil { // a terminating pod is on its way out
+			existing[serverPods[i].UID] = true
+		}
 	}
 	if !replaced(old, cur, existing) {
 		b.Status.ObservedServerInstance = cur
 		return 0, nil
 	}
 	key := b.Namespace + "/" + b.Name
-	if left := r.cascades.wait(key, now, r.cascadeInterval()); left > 0 {
+	left, last, _ := r.cascades.wait(key, now, r.cascadeInterval())
+	if last == cur { // cascaded already; the status write was lost
+		b.Status.ObservedServerInstance = cur
+		return 0, nil
+	}
+	if left > 0 {
 		return left, nil
 	}
 	n, err := r.triggerEngines(ctx, b, cur)
 	if err != nil {
 		return 0, err
 	}
-	r.cascades.mark(key, now)
+	r.cascades.mark(key, now, cur)
 	r.metrics.recordCascade(b.Namespace, b.Name, cur)
 	logf.FromContext(ctx).Info("cache server replaced; restarted the engine Deployments", "from", old, "to", cur, "deployments", n)
 	if r.Recorder != nil {

@@ -26,15 +26,17 @@ import (
 	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
-// RBAC of the CacheBackend reconciler: it provisions the server workload,
-// Service and HPA, reads pods (engine selection, server instances, crash
-// loops), annotates engine Deployments, and writes CacheBackend status.
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=apps,resources=deployments;statefulsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// RBAC of the CacheBackend reconciler: it reads everything through the
+// manager's cache (list, watch), provisions the server workload, Service and
+// HPA (create, update, delete), patches engine Deployments' pod templates,
+// and merge-patches CacheBackend status.
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=list;watch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=patch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // CacheBackendOptions tunes the CacheBackend reconciler; the zero value is
@@ -91,8 +93,10 @@ type CacheBackendReconciler struct {
 	Options  CacheBackendOptions
 
 	metrics *backendControllerMetrics
-	// probes and cascades are the per-backend rate limits.
-	probes, cascades rateGate
+	// probes and cascades are the per-backend rate limits; they remember
+	// the last FunctionalProbeOK verdict and the instance last cascaded to.
+	probes   rateGate[metav1.Condition]
+	cascades rateGate[string]
 }
 
 var _ reconcile.Reconciler = (*CacheBackendReconciler)(nil)
@@ -223,7 +227,10 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	}
 
 	if !equality.Semantic.DeepEqual(before.Status, b.Status) {
-		if err := r.Client.Status().Patch(ctx, &b, client.MergeFrom(before)); err != nil {
+		// The lock makes a pass that read a stale backend from the cache fail
+		// (and re-run) rather than write over a newer status, such as the
+		// observedServerInstance the cascade compares against.
+		if err := r.Client.Status().Patch(ctx, &b, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 				return reconcile.Result{RequeueAfter: conflictRetry}, nil
 			}

@@ -106,34 +106,42 @@ func stickyProbeFailure(cond *metav1.Condition) bool {
 	return false
 }
 
-// rateGate allows one action per key per interval.
-type rateGate struct {
-	mu   sync.Mutex           // guards last
-	last map[string]time.Time // key -> time of the last allowed action
+// rateGate allows one action per key per interval and remembers the
+// action's outcome, so a pass whose status write was lost (a conflict) can
+// publish it again without acting twice.
+type rateGate[T any] struct {
+	mu   sync.Mutex             // guards last
+	last map[string]gateMark[T] // key -> the last action
 }
 
-// wait returns how long key must still wait at now (0: it may act).
-func (g *rateGate) wait(key string, now time.Time, interval time.Duration) time.Duration {
+type gateMark[T any] struct {
+	at      time.Time
+	outcome T
+}
+
+// wait returns how long key must still wait at now (0: it may act) and the
+// outcome of its last action (ok false when there was none).
+func (g *rateGate[T]) wait(key string, now time.Time, interval time.Duration) (left time.Duration, outcome T, ok bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	t, ok := g.last[key]
+	m, ok := g.last[key]
 	if !ok {
-		return 0
+		return 0, outcome, false
 	}
-	return max(t.Add(interval).Sub(now), 0)
+	return max(m.at.Add(interval).Sub(now), 0), m.outcome, true
 }
 
-// mark records an action of key at now.
-func (g *rateGate) mark(key string, now time.Time) {
+// mark records an action of key at now with its outcome.
+func (g *rateGate[T]) mark(key string, now time.Time, outcome T) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.last == nil {
-		g.last = map[string]time.Time{}
+		g.last = map[string]gateMark[T]{}
 	}
-	g.last[key] = now
+	g.last[key] = gateMark[T]{at: now, outcome: outcome}
 }
 
-func (g *rateGate) forget(key string) {
+func (g *rateGate[T]) forget(key string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.last, key)
@@ -149,20 +157,24 @@ func (r *CacheBackendReconciler) probe(ctx context.Context, b *v1alpha1.CacheBac
 			"the functional probe is skipped ("+SkipFunctionalProbeAnnotation+": \"true\")")
 		return 0
 	}
-	if left := r.probes.wait(key, now, r.probeInterval()); left > 0 {
+	left, last, ok := r.probes.wait(key, now, r.probeInterval())
+	if left > 0 {
+		if ok { // the last verdict, in case its status write was lost
+			c.set(v1alpha1.BackendConditionFunctionalProbeOK, last.Status, last.Reason, last.Message)
+		}
 		return left
 	}
-	r.probes.mark(key, now)
 	resp, err := r.Server.Probe(ctx, probeRequest(b))
 	if err != nil {
 		if !stickyProbeFailure(meta.FindStatusCondition(*c.list, v1alpha1.BackendConditionFunctionalProbeOK)) {
 			c.set(v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionUnknown, ReasonProbeError, err.Error())
 		}
-		return r.probeInterval()
+	} else {
+		r.metrics.recordProbe(key, resp)
+		status, reason, msg := probeVerdict(resp)
+		c.set(v1alpha1.BackendConditionFunctionalProbeOK, status, reason, msg)
 	}
-	r.metrics.recordProbe(key, resp)
-	status, reason, msg := probeVerdict(resp)
-	c.set(v1alpha1.BackendConditionFunctionalProbeOK, status, reason, msg)
+	r.probes.mark(key, now, *meta.FindStatusCondition(*c.list, v1alpha1.BackendConditionFunctionalProbeOK))
 	return r.probeInterval()
 }
 

@@ -14,8 +14,8 @@ import (
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 )
 
-// +kubebuilder:rbac:groups=inferencecache.io,resources=prompttemplates,verbs=get;list;watch
-// +kubebuilder:rbac:groups=inferencecache.io,resources=prompttemplates/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=prompttemplates,verbs=list;watch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=prompttemplates/status,verbs=patch
 
 // PromptTemplateReconciler writes status.templateRevision, a content hash
 // of the spec, so clients can tell which version of a template they cached.

@@ -49,8 +49,17 @@ func (c *testClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 // test switches on to make a /probe stage fail.
 type faultyIndex struct {
 	*engine.Engine
-	dropIngest  atomic.Bool // Ingest writes nothing
-	hideLookups atomic.Bool // LookupRoute finds nothing
+	dropIngest atomic.Bool // Ingest writes nothing
+	// hideRouting hides the block from every second LookupRoute: a probe run
+	// looks up once in stage ingest and once in stage routing, so routing
+	// fails. Set it only through failRouting, which resets lookups.
+	hideRouting atomic.Bool
+	lookups     atomic.Int64 // LookupRoute calls since failRouting
+}
+
+func (f *faultyIndex) failRouting(on bool) {
+	f.lookups.Store(0)
+	f.hideRouting.Store(on)
 }
 
 func (f *faultyIndex) Ingest(u *engine.Update, now int64) engine.IngestResult {
@@ -62,7 +71,7 @@ func (f *faultyIndex) Ingest(u *engine.Update, now int64) engine.IngestResult {
 
 func (f *faultyIndex) LookupRoute(req *engine.LookupRequest, now int64, res *engine.LookupResult) {
 	f.Engine.LookupRoute(req, now, res)
-	if f.hideLookups.Load() {
+	if f.hideRouting.Load() && f.lookups.Add(1)%2 == 0 {
 		res.Strategy, res.Scores = engine.StrategyNone, nil
 	}
 }

@@ -334,7 +334,7 @@ func TestCacheBackendProbeGate(t *testing.T) {
 
 	// Rate limit: a routing fault is not seen before the 30 s window ends,
 	// however many passes run meanwhile.
-	env.probe.index.hideLookups.Store(true)
+	env.probe.index.failRouting(true)
 	calls := env.probe.calls.Load()
 	env.clock.advance(20 * time.Second)
 	time.Sleep(time.Second) // five resync passes
@@ -366,7 +366,7 @@ func TestCacheBackendProbeGate(t *testing.T) {
 
 	// Healed: ProbeOK again; then a t2 failure and an ingest failure.
 	env.probe.refuse.Store(false)
-	env.probe.index.hideLookups.Store(false)
+	env.probe.index.failRouting(false)
 	env.clock.advance(31 * time.Second)
 	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionTrue, controller.ReasonProbeOK)
 	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionTrue, controller.ReasonBackendReady)
