@@ -158,6 +158,14 @@ type backendEnv struct {
 // real time so an advanced clock takes effect at once.
 func startBackendController(t *testing.T, ns string) *backendEnv {
 	t.Helper()
+	return startBackendControllerResync(t, ns, 200*time.Millisecond)
+}
+
+// startBackendControllerResync is startBackendController with the longest
+// wait between passes set to resync: an hour shows what the watches alone
+// do.
+func startBackendControllerResync(t *testing.T, ns string, resync time.Duration) *backendEnv {
+	t.Helper()
 	env := &backendEnv{ns: ns, clock: &testClock{}, probe: startProbeServer(t)}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
@@ -177,7 +185,7 @@ func startBackendController(t *testing.T, ns string) *backendEnv {
 		Now:                env.clock.Now,
 		ProbeInterval:      30 * time.Second,
 		CascadeInterval:    30 * time.Second,
-		Resync:             200 * time.Millisecond,
+		Resync:             resync,
 		SkipNameValidation: true,
 	}); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +34,9 @@ func controlledBy(t *testing.T, obj metav1.Object, b *v1alpha1.CacheBackend) {
 func TestCacheBackendProvisioning(t *testing.T) {
 	ctx := needEnv(t)
 	ns := namespace(t, ctx, "cb-provision", false)
-	startBackendController(t, ns)
+	// No periodic pass: everything below is driven by the watches (the
+	// backend, the objects it owns, the pods it selects).
+	startBackendControllerResync(t, ns, time.Hour)
 	enginePod(t, ctx, ns, "llama-0", map[string]string{"app": "llama"}, nil)
 	enginePod(t, ctx, ns, "llama-1", map[string]string{"app": "llama", "tier": "gpu"}, nil)
 	enginePod(t, ctx, ns, "other-0", map[string]string{"app": "other"}, nil)
@@ -170,6 +173,18 @@ func TestCacheBackendReadyReasons(t *testing.T) {
 	env.clock.advance(5*time.Minute + time.Second)
 	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionFalse, controller.ReasonNoKVEventsObserved)
 	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionDegraded, metav1.ConditionTrue, controller.ReasonNoKVEventsObserved)
+	eventually(t, 10*time.Second, func() error {
+		var evs eventsv1.EventList
+		if err := k8s.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == "lmc" && e.Reason == controller.ReasonNoKVEventsObserved && e.Action == "Ready" && e.Type == corev1.EventTypeWarning {
+				return nil
+			}
+		}
+		return fmt.Errorf("no Warning Event for Ready=False/NoKVEventsObserved among %d", len(evs.Items))
+	})
 
 	// The engine's first KV event reaches the index: the poller projects it,
 	// the gate opens, the probe passes.
