@@ -137,6 +137,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		if apierrors.IsNotFound(err) {
 			r.probes.forget(req.String())
 			r.cascades.forget(req.String())
+			r.metrics.forget(req.Namespace, req.Name)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, err

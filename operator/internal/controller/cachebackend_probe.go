@@ -228,6 +228,15 @@ func (m *backendControllerMetrics) recordCascade(namespace, name, id string) {
 	m.cascades.WithLabelValues(namespace, name, "server_instance_changed").Inc()
 }
 
+// forget drops a deleted backend's series and ledger entry.
+func (m *backendControllerMetrics) forget(namespace, name string) {
+	m.probeResults.DeletePartialMatch(prometheus.Labels{"backend": namespace + "/" + name})
+	m.cascades.DeletePartialMatch(prometheus.Labels{"namespace": namespace, "backend": name})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.ledger, namespace+"/"+name)
+}
+
 var (
 	// cbMetrics is registered with the controller-runtime registry the
 	// first time a CacheBackend reconciler is set up; cbMetricsOnce guards

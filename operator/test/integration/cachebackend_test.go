@@ -412,6 +412,17 @@ func TestCacheBackendProbeGate(t *testing.T) {
 	if _, ok := counterValue("inferencecache_backend_probe_result_total", map[string]string{"backend": ns + "/bypass", "stage": "ingest", "result": "ok"}); ok {
 		t.Fatal("a bypassed backend was probed")
 	}
+
+	// A deleted backend's series go with it.
+	lmc, err := getBackend(ctx, ns, "lmc")
+	wantOK(t, "get lmc", err)
+	wantOK(t, "delete lmc", k8s.Delete(ctx, lmc))
+	eventually(t, 10*time.Second, func() error {
+		if _, ok := counterValue("inferencecache_backend_probe_result_total", map[string]string{"backend": key, "stage": "ingest", "result": "ok"}); ok {
+			return errNotYet
+		}
+		return nil
+	})
 }
 
 func TestCacheBackendT2AndEngineCompatibility(t *testing.T) {
