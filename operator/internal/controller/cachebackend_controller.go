@@ -39,6 +39,16 @@ import (
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
+// Default windows of the CacheBackend reconciler (contract §6).
+const (
+	// DefaultProbeInterval is the least time between two /probe calls for
+	// one backend.
+	DefaultProbeInterval = 30 * time.Second
+	// DefaultMinServerRestartCascadeInterval is the least time between two
+	// restart cascades of one backend.
+	DefaultMinServerRestartCascadeInterval = 30 * time.Second
+)
+
 // CacheBackendOptions tunes the CacheBackend reconciler; the zero value is
 // production's.
 type CacheBackendOptions struct {
@@ -46,10 +56,10 @@ type CacheBackendOptions struct {
 	// windows, status times); nil means time.Now.
 	Now func() time.Time
 	// ProbeInterval is the least time between two /probe calls for one
-	// backend (default DefaultInterval, 30 s).
+	// backend (default DefaultProbeInterval).
 	ProbeInterval time.Duration
 	// CascadeInterval is the least time between two restart cascades of one
-	// backend (default DefaultInterval, 30 s).
+	// backend (default DefaultMinServerRestartCascadeInterval).
 	CascadeInterval time.Duration
 	// Resync is the longest a backend waits for its next pass (default
 	// DefaultInterval); timers shorter than it fire on time.
@@ -116,11 +126,11 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 func (r *CacheBackendReconciler) probeInterval() time.Duration {
-	return orDefault(r.Options.ProbeInterval, DefaultInterval)
+	return orDefault(r.Options.ProbeInterval, DefaultProbeInterval)
 }
 
 func (r *CacheBackendReconciler) cascadeInterval() time.Duration {
-	return orDefault(r.Options.CascadeInterval, DefaultInterval)
+	return orDefault(r.Options.CascadeInterval, DefaultMinServerRestartCascadeInterval)
 }
 
 func (r *CacheBackendReconciler) image() string {

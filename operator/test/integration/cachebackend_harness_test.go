@@ -154,7 +154,7 @@ type backendEnv struct {
 
 // startBackendController runs the CacheBackend and PromptTemplate
 // reconcilers for namespace ns until the test ends. Their windows are the
-// production 30 s on the test clock; a pass runs at least every 200 ms of
+// production 30 s, on the test clock; a pass runs at least every 200 ms of
 // real time so an advanced clock takes effect at once.
 func startBackendController(t *testing.T, ns string) *backendEnv {
 	t.Helper()
@@ -182,9 +182,9 @@ func startBackendControllerResync(t *testing.T, ns string, resync time.Duration)
 		HTTP:                &http.Client{Timeout: 2 * time.Second, Transport: testNetTransport()},
 	}
 	if err := controller.SetupCacheBackend(mgr, server, controller.CacheBackendOptions{
+		// ProbeInterval and CascadeInterval keep their production defaults
+		// (30 s), which the tests check on the test clock.
 		Now:                env.clock.Now,
-		ProbeInterval:      30 * time.Second,
-		CascadeInterval:    30 * time.Second,
 		Resync:             resync,
 		SkipNameValidation: true,
 	}); err != nil {
