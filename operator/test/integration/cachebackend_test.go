@@ -138,6 +138,17 @@ func TestCacheBackendProvisioning(t *testing.T) {
 		}
 		return nil
 	})
+	// The StatefulSet's status drives the conditions now.
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionFalse, controller.ReasonRolloutInProgress)
+	eventually(t, 10*time.Second, func() error {
+		var sts appsv1.StatefulSet
+		if err := k8s.Get(ctx, key, &sts); err != nil {
+			return err
+		}
+		sts.Status = appsv1.StatefulSetStatus{ObservedGeneration: sts.Generation, Replicas: 3, UpdatedReplicas: 3, ReadyReplicas: 3, AvailableReplicas: 3}
+		return k8s.Status().Update(ctx, &sts)
+	})
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionFalse, controller.ReasonAwaitingFirstKVEvent)
 }
 
 func TestCacheBackendReadyReasons(t *testing.T) {
