@@ -113,6 +113,10 @@ type Options struct {
 	// Server.BaseURL's port number targets (read on each pass), or
 	// DefaultServerPortName when the Service cannot be read.
 	ServerPortName string
+	// DisableCacheBackend leaves the CacheBackend and PromptTemplate
+	// reconcilers out; CacheBackend tunes them.
+	DisableCacheBackend bool
+	CacheBackend        CacheBackendOptions
 }
 
 // Setup registers the PolicyPropagator and the SnapshotPoller with mgr.
@@ -187,6 +191,13 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("cannot set up the policy propagation controller: %w", err)
 	}
 
+	if !o.DisableCacheBackend {
+		if !cbServed || !served(&v1alpha1.PromptTemplate{}) {
+			mgr.GetLogger().Info("the CacheBackend or PromptTemplate CRD is not installed; their reconcilers stay off until the next restart")
+		} else if err := SetupCacheBackend(mgr, o.Server, o.CacheBackend); err != nil {
+			return err
+		}
+	}
 	if o.DisableSnapshot {
 		return nil
 	}

@@ -223,6 +223,15 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		"ClusterRole inferencecache.io/cachebackends[]":        {"list", "watch"},
 		"ClusterRole inferencecache.io/cachebackends/status[]": {"patch"},
 		"ClusterRole pods[]": {"list", "watch"},
+		// CacheBackend reconciler: the server workload, Service and HPA it
+		// provisions, engine Deployments it annotates (restart cascade);
+		// PromptTemplate reconciler: status.templateRevision.
+		"ClusterRole apps/deployments[]":                         {"create", "delete", "list", "patch", "update", "watch"},
+		"ClusterRole apps/statefulsets[]":                        {"create", "delete", "list", "update", "watch"},
+		"ClusterRole services[]":                                 {"create", "delete", "list", "update", "watch"},
+		"ClusterRole autoscaling/horizontalpodautoscalers[]":     {"create", "delete", "list", "update", "watch"},
+		"ClusterRole inferencecache.io/prompttemplates[]":        {"list", "watch"},
+		"ClusterRole inferencecache.io/prompttemplates/status[]": {"patch"},
 		// PolicyPropagator: the EndpointSlices of the server Service (a
 		// cache restricted to its namespace and label), to push to every
 		// ready server pod.

@@ -187,6 +187,9 @@ func run(m *testing.M) int {
 		// Until a test writes EndpointSlices for it, the Service has none and
 		// the policy goes to srv's address.
 		ServerService: types.NamespacedName{Namespace: controllerNS, Name: serverService},
+		// The CacheBackend tests run that reconciler in a manager of their
+		// own, with a test clock and their own /probe server.
+		DisableCacheBackend: true,
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

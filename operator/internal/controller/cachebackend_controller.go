@@ -1,0 +1,417 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
+)
+
+// RBAC of the CacheBackend reconciler: it reads everything through the
+// manager's cache (list, watch), provisions the server workload, Service and
+// HPA (create, update, delete), patches engine Deployments' pod templates,
+// and merge-patches CacheBackend status.
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=list;watch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=patch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Default windows of the CacheBackend reconciler (contract §6).
+const (
+	// DefaultProbeInterval is the least time between two /probe calls for
+	// one backend.
+	DefaultProbeInterval = 30 * time.Second
+	// DefaultMinServerRestartCascadeInterval is the least time between two
+	// restart cascades of one backend.
+	DefaultMinServerRestartCascadeInterval = 30 * time.Second
+)
+
+// CacheBackendOptions tunes the CacheBackend reconciler; the zero value is
+// production's.
+type CacheBackendOptions struct {
+	// Now is the reconciler's clock (KV-gate timeout, probe and cascade
+	// windows, status times); nil means time.Now.
+	Now func() time.Time
+	// ProbeInterval is the least time between two /probe calls for one
+	// backend (default DefaultProbeInterval).
+	ProbeInterval time.Duration
+	// CascadeInterval is the least time between two restart cascades of one
+	// backend (default DefaultMinServerRestartCascadeInterval).
+	CascadeInterval time.Duration
+	// Resync is the longest a backend waits for its next pass (default
+	// DefaultInterval); timers shorter than it fire on time.
+	Resync time.Duration
+	// Image is the cache server image (default DefaultCacheServerImage).
+	Image string
+	// SkipNameValidation lets a process set up the controllers more than
+	// once (tests that run a manager per test).
+	SkipNameValidation bool
+}
+
+// CacheBackendReconciler provisions and reports on CacheBackends.
+//
+// Reconcile contract. One work item per CacheBackend, enqueued on any
+// change of the backend (status included: the SnapshotPoller's
+// indexParticipation feeds the KV gate and T2Degraded), of an object it
+// controls (drift is repaired), or of a pod it selects, runs or injected;
+// and again when a timer is due (KV-gate timeout, probe, pending cascade),
+// at most Resync apart. One pass:
+//
+//  1. a managed backend (Offload, any type but External) gets its
+//     Deployment or StatefulSet, Service and, with autoscaling, HPA, each
+//     controlled by the backend; a backend that is EventsOnly or External
+//     has them deleted;
+//  2. status: endpoint, failOpen, observedGeneration, matchedEnginePods and
+//     engineSelectorMessage; the write-once firstAvailableAt and
+//     firstKVEventObservedAt;
+//  3. conditions (see managedConditions, eventsOnlyConditions,
+//     externalConditions): Ready through the KV-event gate, then the /probe
+//     gate; T2Degraded; EngineCompatibility;
+//  4. the restart cascade (cascade);
+//  5. one status patch when anything changed, and an Event per condition
+//     transition.
+type CacheBackendReconciler struct {
+	// Client reads through the manager's cache and writes.
+	Client client.Client
+	// Server is the routing server client (/probe).
+	Server *ServerClient
+	// Recorder emits condition-transition and cascade Events; nil emits none.
+	Recorder events.EventRecorder
+	Options  CacheBackendOptions
+
+	metrics *backendControllerMetrics
+	// probes and cascades are the per-backend rate limits; they remember
+	// the last FunctionalProbeOK verdict and the instance last cascaded to.
+	probes   rateGate[metav1.Condition]
+	cascades rateGate[string]
+}
+
+var _ reconcile.Reconciler = (*CacheBackendReconciler)(nil)
+
+func (r *CacheBackendReconciler) now() time.Time {
+	if r.Options.Now != nil {
+		return r.Options.Now()
+	}
+	return time.Now()
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+func (r *CacheBackendReconciler) probeInterval() time.Duration {
+	return orDefault(r.Options.ProbeInterval, DefaultProbeInterval)
+}
+
+func (r *CacheBackendReconciler) cascadeInterval() time.Duration {
+	return orDefault(r.Options.CascadeInterval, DefaultMinServerRestartCascadeInterval)
+}
+
+func (r *CacheBackendReconciler) image() string {
+	if r.Options.Image != "" {
+		return r.Options.Image
+	}
+	return DefaultCacheServerImage
+}
+
+// Reconcile runs one pass for a CacheBackend; see the type's doc.
+func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var b v1alpha1.CacheBackend
+	if err := r.Client.Get(ctx, req.NamespacedName, &b); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.probes.forget(req.String())
+			r.cascades.forget(req.String())
+			r.metrics.forget(req.Namespace, req.Name)
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if b.DeletionTimestamp != nil {
+		return reconcile.Result{}, nil
+	}
+	before := b.DeepCopy()
+	now := r.now()
+	class := classify(&b)
+	st := &b.Status
+	c := conds{gen: b.Generation, list: &st.Conditions}
+	resync := orDefault(r.Options.Resync, DefaultInterval)
+	next := resync
+	due := func(d time.Duration) {
+		if d > 0 && d < next {
+			next = d
+		}
+	}
+
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(b.Namespace)); err != nil {
+		return reconcile.Result{}, fmt.Errorf("cannot list pods in %s: %w", b.Namespace, err)
+	}
+	matched := matchEngines(&b, pods.Items)
+	st.MatchedEnginePods = ptr(int32(len(matched)))
+	st.EngineSelectorMessage = selectorMessage(&b, len(matched))
+	st.FailOpen = ptr(b.Spec.Integration == nil || b.Spec.Integration.FailOpen == nil || *b.Spec.Integration.FailOpen)
+	st.ObservedGeneration = b.Generation
+	if p := st.IndexParticipation; st.FirstKVEventObservedAt == nil && p != nil && (p.LastEventAt != nil || p.PrefixCount > 0) {
+		st.FirstKVEventObservedAt = ptr(metav1.NewTime(now.UTC().Truncate(time.Second)))
+	}
+
+	var passErr error
+	switch class {
+	case classExternal:
+		if err := r.unprovision(ctx, &b); err != nil {
+			return reconcile.Result{}, err
+		}
+		err := validation.Endpoint(b.Spec.Endpoint)
+		st.Endpoint = ""
+		if b.Spec.Endpoint != "" && err == nil {
+			st.Endpoint = b.Spec.Endpoint
+		}
+		externalConditions(&b, err, c)
+	case classEventsOnly:
+		if err := r.unprovision(ctx, &b); err != nil {
+			return reconcile.Result{}, err
+		}
+		st.Endpoint = ""
+		if st.FirstAvailableAt == nil {
+			st.FirstAvailableAt = ptr(metav1.NewTime(now.UTC().Truncate(time.Second)))
+		}
+		g := eventsOnlyConditions(&b, now, c)
+		due(g.wait)
+	default:
+		w, err := r.provision(ctx, &b)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		st.Endpoint = serverEndpoint(&b)
+		if st.FirstAvailableAt == nil && w.available > 0 {
+			st.FirstAvailableAt = ptr(metav1.NewTime(now.UTC().Truncate(time.Second)))
+		}
+		g := managedConditions(&b, w, now, c)
+		gateReady := g != nil && g.ready
+		if g != nil {
+			due(g.wait)
+		}
+		// The probe runs only behind an open KV gate; a bypass is published
+		// whatever the gate says.
+		if gateReady || b.Annotations[SkipFunctionalProbeAnnotation] == "true" {
+			due(r.probe(ctx, &b, now, c))
+		}
+		if fp := meta.FindStatusCondition(st.Conditions, v1alpha1.BackendConditionFunctionalProbeOK); gateReady && fp != nil && fp.Status == metav1.ConditionFalse {
+			c.set(v1alpha1.BackendConditionReady, metav1.ConditionFalse, fp.Reason, "the functional probe failed: "+fp.Message)
+		}
+		t2Condition(&b, c)
+		engineCompatibility(&b, pods.Items, c)
+		wait, err := r.cascade(ctx, &b, serverPods(&b, pods.Items), now)
+		passErr = err
+		due(wait)
+	}
+	for _, cond := range slices.Clone(st.Conditions) {
+		if !slices.Contains(class.published(), cond.Type) {
+			meta.RemoveStatusCondition(&st.Conditions, cond.Type)
+		}
+	}
+
+	if !equality.Semantic.DeepEqual(before.Status, b.Status) {
+		// The lock makes a pass that read a stale backend from the cache fail
+		// (and re-run) rather than write over a newer status, such as the
+		// observedServerInstance the cascade compares against.
+		if err := r.Client.Status().Patch(ctx, &b, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				return reconcile.Result{RequeueAfter: conflictRetry}, nil
+			}
+			return reconcile.Result{}, fmt.Errorf("cannot write status of CacheBackend %s: %w", req, err)
+		}
+		r.announce(&b, before)
+	}
+	if passErr != nil {
+		return reconcile.Result{}, passErr
+	}
+	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// matchEngines returns the pods of b's namespace its engineSelector
+// selects; an empty selector selects none.
+func matchEngines(b *v1alpha1.CacheBackend, pods []corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
+	for i := range pods {
+		if selects(b, pods[i].Labels) {
+			out = append(out, &pods[i])
+		}
+	}
+	return out
+}
+
+func selectorMessage(b *v1alpha1.CacheBackend, n int) string {
+	if b.Spec.EngineSelector == nil || len(b.Spec.EngineSelector.MatchLabels) == 0 {
+		return "spec.engineSelector.matchLabels is empty; an empty selector claims no engine pods"
+	}
+	keys := make([]string, 0, len(b.Spec.EngineSelector.MatchLabels))
+	for k, v := range b.Spec.EngineSelector.MatchLabels {
+		keys = append(keys, k+"="+v)
+	}
+	slices.Sort(keys)
+	sel := strings.Join(keys, ",")
+	if n == 0 {
+		return "no pod in " + b.Namespace + " matches " + sel
+	}
+	return fmt.Sprintf("%d pod(s) match %s", n, sel)
+}
+
+// serverPods returns b's cache-server pods.
+func serverPods(b *v1alpha1.CacheBackend, pods []corev1.Pod) []corev1.Pod {
+	var out []corev1.Pod
+	for _, p := range pods {
+		if p.Labels[BackendLabel] == b.Name && p.Labels[ComponentLabel] == componentValue {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// injectedBy reports whether pod was injected for b.
+func injectedBy(b *v1alpha1.CacheBackend, p *corev1.Pod) bool {
+	return strings.TrimSpace(p.Annotations[InjectedByAnnotation]) == b.Namespace+"/"+b.Name
+}
+
+// engineCompatibility sets EngineCompatibility from the pods injected for
+// b: False while any of them is in CrashLoopBackOff.
+func engineCompatibility(b *v1alpha1.CacheBackend, pods []corev1.Pod, c conds) {
+	var looping []string
+	for i := range pods {
+		p := &pods[i]
+		if !injectedBy(b, p) {
+			continue
+		}
+		for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+			if w := cs.State.Waiting; w != nil && w.Reason == "CrashLoopBackOff" {
+				looping = append(looping, p.Name+"/"+cs.Name)
+			}
+		}
+	}
+	if len(looping) > 0 {
+		slices.Sort(looping)
+		c.set(v1alpha1.BackendConditionEngineCompatibility, metav1.ConditionFalse, ReasonInjectedEngineCrashLoop,
+			"injected engine containers in CrashLoopBackOff: "+strings.Join(looping, ", ")+"; check their logs for rejected cache arguments or a connector/engine version mismatch")
+		return
+	}
+	c.set(v1alpha1.BackendConditionEngineCompatibility, metav1.ConditionTrue, ReasonInjectedEnginesRunning, "no injected engine pod is crash-looping")
+}
+
+// announce emits an Event per condition whose status or reason changed: a
+// Warning when it turned bad, a Normal one otherwise (a first good state
+// included).
+func (r *CacheBackendReconciler) announce(b, before *v1alpha1.CacheBackend) {
+	if r.Recorder == nil {
+		return
+	}
+	for i := range b.Status.Conditions {
+		now := &b.Status.Conditions[i]
+		old := meta.FindStatusCondition(before.Status.Conditions, now.Type)
+		if old != nil && old.Status == now.Status && old.Reason == now.Reason {
+			continue
+		}
+		typ := corev1.EventTypeNormal
+		if unhealthy(now) {
+			typ = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(b, nil, typ, now.Reason, now.Type, "%s=%s: %s", now.Type, now.Status, now.Message)
+	}
+}
+
+// backendsOfPod maps a pod to the CacheBackends it concerns: the one whose
+// server it runs, the one that injected it, and those whose selector
+// matches it.
+func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconcile.Request {
+	seen := map[types.NamespacedName]bool{}
+	if name := p.Labels[BackendLabel]; name != "" {
+		seen[types.NamespacedName{Namespace: p.Namespace, Name: name}] = true
+	}
+	if ns, name, ok := strings.Cut(strings.TrimSpace(p.Annotations[InjectedByAnnotation]), "/"); ok {
+		seen[types.NamespacedName{Namespace: ns, Name: name}] = true
+	}
+	var list v1alpha1.CacheBackendList
+	if err := c.List(ctx, &list, client.InNamespace(p.Namespace)); err == nil {
+		for i := range list.Items {
+			if selects(&list.Items[i], p.Labels) {
+				seen[types.NamespacedName{Namespace: p.Namespace, Name: list.Items[i].Name}] = true
+			}
+		}
+	}
+	out := make([]reconcile.Request, 0, len(seen))
+	for k := range seen {
+		out = append(out, reconcile.Request{NamespacedName: k})
+	}
+	return out
+}
+
+// SetupCacheBackend registers the CacheBackend and PromptTemplate
+// reconcilers with mgr. server is the routing server client of /probe.
+func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOptions) error {
+	m, err := registeredBackendControllerMetrics()
+	if err != nil {
+		return fmt.Errorf("cannot register the CacheBackend metrics: %w", err)
+	}
+	r := &CacheBackendReconciler{
+		Client:   mgr.GetClient(),
+		Server:   server,
+		Recorder: mgr.GetEventRecorder("inferencecache-controller"),
+		Options:  o,
+		metrics:  m,
+	}
+	opts := controller.Options{SkipNameValidation: ptr(o.SkipNameValidation)}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("cachebackend").
+		WithOptions(opts).
+		For(&v1alpha1.CacheBackend{}).
+		Owns(&appsv1.Deployment{}).
+		Owns(&appsv1.StatefulSet{}).
+		Owns(&corev1.Service{}).
+		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
+			p, ok := obj.(*corev1.Pod)
+			if !ok {
+				return nil
+			}
+			return backendsOfPod(ctx, mgr.GetClient(), p)
+		})).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("cannot set up the CacheBackend controller: %w", err)
+	}
+	pt := &PromptTemplateReconciler{Client: mgr.GetClient()}
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("prompttemplate").
+		WithOptions(opts).
+		For(&v1alpha1.PromptTemplate{}).
+		Complete(pt)
+	if err != nil {
+		return fmt.Errorf("cannot set up the PromptTemplate controller: %w", err)
+	}
+	return nil
+}

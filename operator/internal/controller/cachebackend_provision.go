@@ -1,0 +1,278 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+)
+
+// Provisioning constants of a managed backend.
+const (
+	// DefaultCacheServerImage runs the LMCache server; spec.backendConfig
+	// "image" overrides it per backend, CacheBackendOptions.Image per
+	// controller.
+	DefaultCacheServerImage = "lmcache/vllm-openai:latest"
+	// CacheServerPort is the port of the LMCache server (lm://host:8200).
+	CacheServerPort = 8200
+	// cacheServerContainer names the server container in the pod template.
+	cacheServerContainer = "cache-server"
+	// BackendLabel on a managed pod names its CacheBackend; with
+	// ComponentLabel it selects the backend's server pods.
+	BackendLabel   = "inferencecache.io/cache-backend"
+	ComponentLabel = "app.kubernetes.io/component"
+	componentValue = "cache-server"
+	// backendConfigImage is the spec.backendConfig key of the image.
+	backendConfigImage = "image"
+)
+
+// serverLabels are the labels (and selector) of a backend's server pods.
+func serverLabels(b *v1alpha1.CacheBackend) map[string]string {
+	return map[string]string{
+		BackendLabel:                   b.Name,
+		ComponentLabel:                 componentValue,
+		"app.kubernetes.io/name":       "inferencecache-cache-server",
+		"app.kubernetes.io/managed-by": "inferencecache-controller",
+	}
+}
+
+// serverSelector is the immutable workload selector (a subset of
+// serverLabels).
+func serverSelector(b *v1alpha1.CacheBackend) map[string]string {
+	return map[string]string{BackendLabel: b.Name, ComponentLabel: componentValue}
+}
+
+// serverEndpoint is status.endpoint of a managed backend.
+func serverEndpoint(b *v1alpha1.CacheBackend) string {
+	return fmt.Sprintf("%s.%s.svc:%d", b.Name, b.Namespace, CacheServerPort)
+}
+
+// defaultResources are the server container's resources when spec.resources
+// is unset (the CRD defaults it too).
+func defaultResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("4Gi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8Gi")},
+	}
+}
+
+// desiredReplicas is the replica count written to the workload; nil while
+// an HPA owns it (an existing count is then kept).
+func desiredReplicas(b *v1alpha1.CacheBackend) *int32 {
+	if b.Spec.Autoscaling != nil {
+		return nil
+	}
+	if b.Spec.Replicas != nil {
+		return ptr(*b.Spec.Replicas)
+	}
+	return ptr(int32(1))
+}
+
+// mutatePodTemplate sets the fields of tpl the controller owns and leaves the
+// rest (apiserver defaults, other writers' annotations) alone, so an
+// unchanged backend produces no update.
+func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTemplateSpec) {
+	if tpl.Labels == nil {
+		tpl.Labels = map[string]string{}
+	}
+	for k, v := range serverLabels(b) {
+		tpl.Labels[k] = v
+	}
+	if img := b.Spec.BackendConfig[backendConfigImage]; img != "" {
+		image = img
+	}
+	res := defaultResources()
+	if b.Spec.Resources != nil {
+		res = *b.Spec.Resources.DeepCopy()
+	}
+	i := -1
+	for j := range tpl.Spec.Containers {
+		if tpl.Spec.Containers[j].Name == cacheServerContainer {
+			i = j
+		}
+	}
+	if i < 0 {
+		tpl.Spec.Containers = []corev1.Container{{Name: cacheServerContainer}}
+		i = 0
+	} else if len(tpl.Spec.Containers) > 1 {
+		tpl.Spec.Containers = []corev1.Container{tpl.Spec.Containers[i]}
+		i = 0
+	}
+	c := &tpl.Spec.Containers[i]
+	c.Image = image
+	c.Command = []string{"python3", "-m", "lmcache.v1.server"}
+	c.Args = []string{"0.0.0.0", fmt.Sprint(CacheServerPort)}
+	c.Ports = []corev1.ContainerPort{{Name: "lm", ContainerPort: CacheServerPort, Protocol: corev1.ProtocolTCP}}
+	c.Resources = res
+	c.ReadinessProbe = &corev1.Probe{
+		ProbeHandler:     corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("lm")}},
+		PeriodSeconds:    5,
+		TimeoutSeconds:   1,
+		SuccessThreshold: 1,
+		FailureThreshold: 3,
+	}
+	if o := b.Spec.Template; o != nil {
+		tpl.Spec.NodeSelector = o.NodeSelector
+		tpl.Spec.Tolerations = o.Tolerations
+		tpl.Spec.ImagePullSecrets = o.ImagePullSecrets
+		tpl.Spec.ServiceAccountName = o.ServiceAccountName
+		tpl.Spec.PriorityClassName = o.PriorityClassName
+		tpl.Spec.RuntimeClassName = o.RuntimeClassName
+		if o.TerminationGracePeriodSeconds != nil {
+			tpl.Spec.TerminationGracePeriodSeconds = o.TerminationGracePeriodSeconds
+		}
+	}
+}
+
+// provision creates or updates the workload, Service and HPA of a managed
+// backend, each controlled by b, deletes the objects b no longer asks for
+// (the other workload kind, an HPA without autoscaling), and returns the
+// workload's state.
+func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.CacheBackend) (workloadState, error) {
+	var w workloadState
+	key := types.NamespacedName{Namespace: b.Namespace, Name: b.Name}
+	owned := func(obj client.Object) error { return controllerutil.SetControllerReference(b, obj, r.Client.Scheme()) }
+
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, svc, func() error {
+		if svc.Labels == nil {
+			svc.Labels = map[string]string{}
+		}
+		svc.Labels[BackendLabel] = b.Name
+		svc.Spec.Selector = serverSelector(b)
+		svc.Spec.Ports = []corev1.ServicePort{{Name: "lm", Port: CacheServerPort, TargetPort: intstr.FromString("lm"), Protocol: corev1.ProtocolTCP}}
+		return owned(svc)
+	}); err != nil {
+		return w, fmt.Errorf("cannot apply Service %s: %w", key, err)
+	}
+
+	kind := b.Spec.DeploymentKind
+	if kind == "" {
+		kind = v1alpha1.DeploymentKindDeployment
+	}
+	replicas := desiredReplicas(b)
+	switch kind {
+	case v1alpha1.DeploymentKindStatefulSet:
+		if err := r.deleteOwned(ctx, b, &appsv1.Deployment{}); err != nil {
+			return w, err
+		}
+		sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
+		if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, sts, func() error {
+			if sts.CreationTimestamp.IsZero() {
+				sts.Spec.Selector = &metav1.LabelSelector{MatchLabels: serverSelector(b)}
+				sts.Spec.ServiceName = b.Name
+			}
+			if replicas != nil || sts.Spec.Replicas == nil {
+				sts.Spec.Replicas = replicas
+			}
+			mutatePodTemplate(b, r.image(), &sts.Spec.Template)
+			return owned(sts)
+		}); err != nil {
+			return w, fmt.Errorf("cannot apply StatefulSet %s: %w", key, err)
+		}
+		w = workloadState{
+			exists:    true,
+			desired:   deref(sts.Spec.Replicas, 1),
+			current:   sts.Status.ObservedGeneration >= sts.Generation,
+			updated:   sts.Status.UpdatedReplicas,
+			available: sts.Status.AvailableReplicas,
+		}
+	default:
+		if err := r.deleteOwned(ctx, b, &appsv1.StatefulSet{}); err != nil {
+			return w, err
+		}
+		dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
+		if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, dep, func() error {
+			if dep.CreationTimestamp.IsZero() {
+				dep.Spec.Selector = &metav1.LabelSelector{MatchLabels: serverSelector(b)}
+			}
+			if replicas != nil || dep.Spec.Replicas == nil {
+				dep.Spec.Replicas = replicas
+			}
+			mutatePodTemplate(b, r.image(), &dep.Spec.Template)
+			return owned(dep)
+		}); err != nil {
+			return w, fmt.Errorf("cannot apply Deployment %s: %w", key, err)
+		}
+		w = workloadState{
+			exists:    true,
+			desired:   deref(dep.Spec.Replicas, 1),
+			current:   dep.Status.ObservedGeneration >= dep.Generation,
+			updated:   dep.Status.UpdatedReplicas,
+			available: dep.Status.AvailableReplicas,
+		}
+	}
+
+	if b.Spec.Autoscaling == nil {
+		return w, r.deleteOwned(ctx, b, &autoscalingv2.HorizontalPodAutoscaler{})
+	}
+	as := b.Spec.Autoscaling
+	hpa := &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, hpa, func() error {
+		hpa.Spec.ScaleTargetRef = autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: string(kind), Name: b.Name}
+		hpa.Spec.MinReplicas = ptr(deref(as.MinReplicas, 1))
+		hpa.Spec.MaxReplicas = as.MaxReplicas
+		hpa.Spec.Metrics = []autoscalingv2.MetricSpec{{
+			Type: autoscalingv2.ResourceMetricSourceType,
+			Resource: &autoscalingv2.ResourceMetricSource{
+				Name: corev1.ResourceCPU,
+				Target: autoscalingv2.MetricTarget{
+					Type:               autoscalingv2.UtilizationMetricType,
+					AverageUtilization: ptr(deref(as.TargetCPUUtilizationPercent, 80)),
+				},
+			},
+		}}
+		return owned(hpa)
+	}); err != nil {
+		return w, fmt.Errorf("cannot apply HorizontalPodAutoscaler %s: %w", key, err)
+	}
+	return w, nil
+}
+
+// unprovision deletes every object b controls, for a backend that turned
+// External or EventsOnly.
+func (r *CacheBackendReconciler) unprovision(ctx context.Context, b *v1alpha1.CacheBackend) error {
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
+		if err := r.deleteOwned(ctx, b, obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteOwned deletes the object of obj's kind named like b when b controls
+// it; objects of the same name that b does not control are left alone.
+func (r *CacheBackendReconciler) deleteOwned(ctx context.Context, b *v1alpha1.CacheBackend, obj client.Object) error {
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, obj)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cannot read %T %s/%s: %w", obj, b.Namespace, b.Name, err)
+	}
+	if ref := metav1.GetControllerOf(obj); ref == nil || ref.UID != b.UID {
+		return nil
+	}
+	if err := r.Client.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("cannot delete %T %s/%s: %w", obj, b.Namespace, b.Name, err)
+	}
+	return nil
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}

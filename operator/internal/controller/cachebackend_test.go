@@ -1,0 +1,151 @@
+package controller
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/inferencecache/inferencecache/controlapi"
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+)
+
+func TestManagedConditions(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	type want struct{ ready, readyReason, degraded, degradedReason string }
+	f := func(name string, w workloadState, mut func(*v1alpha1.CacheBackend), now time.Time, exp want) {
+		t.Helper()
+		b := &v1alpha1.CacheBackend{}
+		b.Status.FirstAvailableAt = &metav1.Time{Time: t0}
+		if mut != nil {
+			mut(b)
+		}
+		managedConditions(b, w, now, conds{list: &b.Status.Conditions})
+		r := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionReady)
+		d := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionDegraded)
+		if string(r.Status) != exp.ready || r.Reason != exp.readyReason || string(d.Status) != exp.degraded || d.Reason != exp.degradedReason {
+			t.Errorf("%s: Ready %s/%s Degraded %s/%s, want %+v", name, r.Status, r.Reason, d.Status, d.Reason, exp)
+		}
+	}
+	up := workloadState{exists: true, current: true, desired: 2, updated: 2, available: 2}
+	f("no workload", workloadState{}, nil, t0, want{"False", ReasonRolloutInProgress, "False", ReasonNotDegraded})
+	f("stale generation", workloadState{exists: true, desired: 1}, nil, t0, want{"False", ReasonRolloutInProgress, "False", ReasonNotDegraded})
+	f("scaled to zero", workloadState{exists: true, current: true}, nil, t0, want{"False", ReasonScaledToZero, "False", ReasonNotDegraded})
+	f("none available", workloadState{exists: true, current: true, desired: 2, updated: 2}, nil, t0, want{"False", ReasonReplicasUnavailable, "True", ReasonReplicasUnavailable})
+	f("awaiting", up, nil, t0.Add(4*time.Minute), want{"False", ReasonAwaitingFirstKVEvent, "False", ReasonNotDegraded})
+	f("timed out", up, nil, t0.Add(5*time.Minute), want{"False", ReasonNoKVEventsObserved, "True", ReasonNoKVEventsObserved})
+	f("custom timeout", up, func(b *v1alpha1.CacheBackend) {
+		b.Spec.Integration = &v1alpha1.CacheBackendIntegration{FirstEventTimeout: &metav1.Duration{Duration: time.Minute}}
+	}, t0.Add(2*time.Minute), want{"False", ReasonNoKVEventsObserved, "True", ReasonNoKVEventsObserved})
+	f("observed", up, func(b *v1alpha1.CacheBackend) { b.Status.FirstKVEventObservedAt = &metav1.Time{Time: t0} },
+		t0.Add(time.Hour), want{"True", ReasonKVEventsObserved, "False", ReasonNotDegraded})
+	f("gate off", up, func(b *v1alpha1.CacheBackend) { b.Annotations = map[string]string{RequireKVEventsAnnotation: "false"} },
+		t0.Add(time.Hour), want{"True", ReasonBackendReady, "False", ReasonNotDegraded})
+	f("partly available", workloadState{exists: true, current: true, desired: 2, updated: 2, available: 1},
+		func(b *v1alpha1.CacheBackend) { b.Annotations = map[string]string{RequireKVEventsAnnotation: "false"} },
+		t0, want{"True", ReasonBackendReady, "True", ReasonReplicasUnavailable})
+}
+
+func TestT2Condition(t *testing.T) {
+	f := func(rate *string, wantStatus, wantReason string) {
+		t.Helper()
+		b := &v1alpha1.CacheBackend{}
+		if rate != nil {
+			b.Status.IndexParticipation = &v1alpha1.IndexParticipation{T2HitRate: rate}
+		}
+		t2Condition(b, conds{list: &b.Status.Conditions})
+		c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionT2Degraded)
+		if wantStatus == "" {
+			if c != nil {
+				t.Errorf("rate %v: condition %+v, want none", rate, c)
+			}
+			return
+		}
+		if c == nil || string(c.Status) != wantStatus || c.Reason != wantReason {
+			t.Errorf("rate %v: condition %+v, want %s/%s", *rate, c, wantStatus, wantReason)
+		}
+	}
+	f(nil, "", "")
+	f(ptr("0"), "True", ReasonT2ZeroHitRate)
+	f(ptr("0.25"), "False", ReasonT2Serving)
+	f(ptr("1"), "False", ReasonT2Serving)
+}
+
+func TestProbeVerdict(t *testing.T) {
+	f := func(in, rt, t2, wantStatus, wantReason string) {
+		t.Helper()
+		s, r, _ := probeVerdict(controlapi.ProbeResponse{Ingest: in, Routing: rt, T2: t2})
+		if string(s) != wantStatus || r != wantReason {
+			t.Errorf("%s/%s/%s: %s/%s, want %s/%s", in, rt, t2, s, r, wantStatus, wantReason)
+		}
+	}
+	f("ok", "ok", "ok", "True", ReasonProbeOK)
+	f("ok", "ok", "skipped", "True", ReasonProbeOK)
+	f("failed", "skipped", "skipped", "False", ReasonProbeIngestFailed)
+	f("ok", "failed", "skipped", "False", ReasonProbeRoutingFailed)
+	f("ok", "ok", "failed", "False", ReasonProbeT2Failed)
+
+	b := &v1alpha1.CacheBackend{}
+	b.Namespace, b.Name = "ml", "lmc"
+	b.Spec.Integration = &v1alpha1.CacheBackendIntegration{Engine: "SGLang"}
+	req := probeRequest(b)
+	if req != (controlapi.ProbeRequest{Backend: "ml/lmc", Model: ProbeModel, HashScheme: "sglang", BackendType: "LMCache"}) {
+		t.Errorf("probe request %+v", req)
+	}
+}
+
+func TestServerInstanceAndReplaced(t *testing.T) {
+	pod := func(name, uid string, ready bool, restarts ...int32) corev1.Pod {
+		p := corev1.Pod{}
+		p.Name, p.UID = name, types.UID(uid)
+		st := corev1.ConditionFalse
+		if ready {
+			st = corev1.ConditionTrue
+		}
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}
+		for _, n := range restarts {
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{RestartCount: n})
+		}
+		return p
+	}
+	got := serverInstance([]corev1.Pod{pod("b", "u2", true, 1, 2), pod("c", "u3", false), pod("a", "u1", true)})
+	if got != "u1:0,u2:3" {
+		t.Fatalf("serverInstance %q", got)
+	}
+	exist := map[types.UID]bool{"u1": true, "u2": true}
+	for _, tc := range []struct {
+		old, now string
+		want     bool
+	}{
+		{"", "u1:0", false},               // first observation
+		{"u1:0", "u1:0,u2:0", false},      // scale-up
+		{"u1:0,u2:0", "u1:0", false},      // u2 not ready but still there
+		{"u1:0", "u1:1", true},            // restart
+		{"u9:0", "u1:0", true},            // replacement
+		{"u1:0,u2:0", "u2:0,u3:0", false}, // u1 still exists (not ready): exist says so
+	} {
+		if got := replaced(tc.old, tc.now, exist); got != tc.want {
+			t.Errorf("replaced(%q, %q) = %v, want %v", tc.old, tc.now, got, tc.want)
+		}
+	}
+}
+
+func TestTemplateRevision(t *testing.T) {
+	a := v1alpha1.PromptTemplateSpec{Body: "x {{s}}", Slots: []v1alpha1.PromptTemplateSlot{{Name: "s", Type: v1alpha1.SlotStable}}}
+	b := *a.DeepCopy()
+	if TemplateRevision(&a) != TemplateRevision(&b) || len(TemplateRevision(&a)) != 16 {
+		t.Fatalf("equal specs: %q %q", TemplateRevision(&a), TemplateRevision(&b))
+	}
+	b.Slots[0].Required = true
+	if TemplateRevision(&a) == TemplateRevision(&b) {
+		t.Fatal("a slot change kept the revision")
+	}
+	c := *a.DeepCopy()
+	c.Body = "y {{s}}"
+	if TemplateRevision(&a) == TemplateRevision(&c) {
+		t.Fatal("a body change kept the revision")
+	}
+}
