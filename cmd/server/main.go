@@ -94,7 +94,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	fs.Visit(func(f *flag.Flag) { mem.indexSet = mem.indexSet || f.Name == "max-index-bytes" })
-	_, mem.gcSet = os.LookupEnv("GOMEMLIMIT")
+	mem.gcSet = os.Getenv("GOMEMLIMIT") != "" // the runtime reads "" as unset too
 	derived, err := mem.derive()
 	if err != nil {
 		return err

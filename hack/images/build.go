@@ -66,6 +66,7 @@ type Options struct {
 	Out    string    // folder the tarballs are written to
 	Arch   string    // GOARCH of the binaries and the image
 	Build  BuildInfo // version, revision, commit time
+	Tag    string    // image tag; empty: the tag of Build.Version
 	CAFile string    // CA bundle to include; empty: the first of caBundles present
 }
 
@@ -220,6 +221,11 @@ func baseLayer(o Options) (v1.Layer, error) {
 // layer writes entries as a gzipped tar, sorted by name, owned by root
 // unless said otherwise, every time set to mtime.
 func layer(es []entry, mtime time.Time) (v1.Layer, error) {
+	for i := range es {
+		if es[i].dir {
+			es[i].name += "/"
+		}
+	}
 	sort.Slice(es, func(i, j int) bool { return es[i].name < es[j].name })
 	var raw bytes.Buffer
 	tw := tar.NewWriter(&raw)
@@ -234,7 +240,6 @@ func layer(es []entry, mtime time.Time) (v1.Layer, error) {
 		}
 		if e.dir {
 			h.Typeflag = tar.TypeDir
-			h.Name += "/"
 		} else {
 			h.Typeflag = tar.TypeReg
 			h.Size = int64(len(e.data))
@@ -315,7 +320,11 @@ func writeImage(o Options, base v1.Layer, bin, binPath string) (Result, error) {
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return Result{}, fmt.Errorf("cannot set the config of %s: %w", bin, err)
 	}
-	ref, err := name.NewTag(path.Join(Repository, bin)+":"+tagOf(o.Build.Version), name.StrictValidation)
+	tag := o.Tag
+	if tag == "" {
+		tag = tagOf(o.Build.Version)
+	}
+	ref, err := name.NewTag(path.Join(Repository, bin)+":"+tag, name.StrictValidation)
 	if err != nil {
 		return Result{}, fmt.Errorf("cannot name %s: %w", bin, err)
 	}
@@ -351,6 +360,36 @@ func describe(bin, p, ref string) (Result, error) {
 		return Result{}, err
 	}
 	return Result{Name: bin, Path: p, Ref: ref, Bytes: st.Size(), Digest: d, ConfigID: id}, nil
+}
+
+// KustomizeTag reads the image tag the manifests pin: the newTag of the
+// images in operator/config/default/kustomization.yaml, which must all be
+// the same and not "latest". (A line scan: the file is ours and flat.)
+func KustomizeTag(repo string) (string, error) {
+	p := filepath.Join(repo, "operator", "config", "default", "kustomization.yaml")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "", fmt.Errorf("cannot read the pinned image tag: %w", err)
+	}
+	var tag string
+	for _, line := range strings.Split(string(b), "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "newTag:")
+		if !ok {
+			continue
+		}
+		v = strings.Trim(strings.TrimSpace(v), `"'`)
+		switch {
+		case v == "" || v == "latest":
+			return "", fmt.Errorf("%s: newTag %q: pin a version", p, v)
+		case tag != "" && v != tag:
+			return "", fmt.Errorf("%s: images pinned to both %q and %q", p, tag, v)
+		}
+		tag = v
+	}
+	if tag == "" {
+		return "", fmt.Errorf("%s pins no image tag (images: newTag)", p)
+	}
+	return tag, nil
 }
 
 // tagOf turns a git describe output into a valid image tag (letters, digits,

@@ -26,6 +26,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.Repo, "repo", "../..", "root of the inferencecache module")
 	fs.StringVar(&o.Out, "out", "../../bin/images", "folder the tarballs are written to")
 	fs.StringVar(&o.Arch, "arch", runtime.GOARCH, "GOARCH of the binaries and images")
+	fs.StringVar(&o.Tag, "tag", "", "image tag (empty: the one operator/config/default pins)")
 	fs.StringVar(&o.CAFile, "ca-file", "", "CA bundle to put in the images (empty: the build machine's)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,6 +37,11 @@ func run(ctx context.Context, args []string) error {
 	}
 	if o.Build, err = GitInfo(ctx, o.Repo); err != nil {
 		return err
+	}
+	if o.Tag == "" {
+		if o.Tag, err = KustomizeTag(o.Repo); err != nil {
+			return err
+		}
 	}
 	start := time.Now()
 	res, err := Build(ctx, o)
