@@ -8,9 +8,10 @@ export GOTOOLCHAIN := local
 ENVTEST_START_TIMEOUT ?= 120s
 TEST_TIMEOUT ?= 45m
 BIN := $(CURDIR)/bin
-# Modules of their own, so their dependencies (go-containerregistry) stay
-# out of the main module's; `make test` and `make lint` cover them too.
-NESTED_MODULES := hack/images
+# Modules of their own, so their dependencies (go-containerregistry, the
+# Prometheus rule parser) stay out of the main module's; `make test` and
+# `make lint` cover them too.
+NESTED_MODULES := hack/images operator/config/prometheus/rulestest
 
 .DEFAULT_GOAL := help
 
