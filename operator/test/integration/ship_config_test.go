@@ -305,3 +305,87 @@ func TestConfigControllerMemory(t *testing.T) {
 		t.Errorf("controller memory request %s is below the 256Mi its informers need", req.String())
 	}
 }
+
+// The monitoring bundle: default/ carries no Prometheus-operator kinds (it
+// must apply without those CRDs); prometheus/ has a metrics Service per
+// binary that selects its pods and targets the container port serving
+// /metrics, a ServiceMonitor scraping each, and the PrometheusRule. The
+// Services pass a dry-run apply (the monitoring.coreos.com kinds cannot:
+// envtest has no Prometheus operator; rulestest/ checks the rules).
+func TestConfigPrometheus(t *testing.T) {
+	ctx := needEnv(t)
+	def := render(t, "../../config/default")
+	for _, u := range def {
+		if strings.HasPrefix(u.GetAPIVersion(), "monitoring.coreos.com/") {
+			t.Errorf("default/ holds %s %s, which needs the Prometheus operator", u.GetKind(), u.GetName())
+		}
+	}
+	objs := render(t, "../../config/prometheus")
+	kinds := map[string]int{}
+	for _, u := range objs {
+		kinds[u.GetKind()]++
+		if u.GetNamespace() != "inferencecache-system" {
+			t.Errorf("%s %s in namespace %q", u.GetKind(), u.GetName(), u.GetNamespace())
+		}
+	}
+	if kinds["Service"] != 2 || kinds["ServiceMonitor"] != 2 || kinds["PrometheusRule"] != 1 || len(objs) != 5 {
+		t.Fatalf("prometheus/ renders %v", kinds)
+	}
+
+	for _, bin := range []struct{ deployment, service, monitor, port string }{
+		{"inferencecache-server", "inferencecache-server-metrics", "inferencecache-server", "http"},
+		{"inferencecache-controller", "inferencecache-controller-metrics", "inferencecache-controller", "metrics"},
+	} {
+		d := find(def, "Deployment", bin.deployment)
+		podLabels, _, _ := unstructured.NestedStringMap(d.Object, "spec", "template", "metadata", "labels")
+		svc := find(objs, "Service", bin.service)
+		if svc == nil {
+			t.Fatalf("no Service %s", bin.service)
+		}
+		sel, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector")
+		if len(sel) == 0 || !subset(sel, podLabels) {
+			t.Errorf("Service %s selects %v, not the %s pods", bin.service, sel, bin.deployment)
+		}
+		ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+		if len(ports) != 1 || ports[0].(map[string]any)["targetPort"] != bin.port {
+			t.Errorf("Service %s ports %v, want one targeting the container port %q", bin.service, ports, bin.port)
+		}
+		ps := podSpec(t, d)
+		var metricsPort int32
+		for _, p := range ps.Containers[0].Ports {
+			if p.Name == bin.port {
+				metricsPort = p.ContainerPort
+			}
+		}
+		if metricsPort == 0 {
+			t.Errorf("%s has no container port %q", bin.deployment, bin.port)
+		}
+		// The port is where the binary serves /metrics: the server's public
+		// HTTP listener (default :8080), the controller's --metrics-bind-address.
+		for _, a := range ps.Containers[0].Args {
+			if v, ok := strings.CutPrefix(a, "--metrics-bind-address="); ok && v != fmt.Sprintf(":%d", metricsPort) {
+				t.Errorf("%s serves metrics on %s, the Service targets %d", bin.deployment, v, metricsPort)
+			}
+		}
+
+		sm := find(objs, "ServiceMonitor", bin.monitor)
+		if sm == nil {
+			t.Fatalf("no ServiceMonitor %s", bin.monitor)
+		}
+		msel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+		if !subset(msel, svc.GetLabels()) {
+			t.Errorf("ServiceMonitor %s selects %v, not Service %s %v", bin.monitor, msel, bin.service, svc.GetLabels())
+		}
+		for _, other := range append(def, objs...) {
+			if other.GetKind() == "Service" && other.GetName() != bin.service && subset(msel, other.GetLabels()) {
+				t.Errorf("ServiceMonitor %s also selects Service %s", bin.monitor, other.GetName())
+			}
+		}
+		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+		svcPort := ports[0].(map[string]any)["name"]
+		if len(eps) != 1 || eps[0].(map[string]any)["port"] != svcPort || eps[0].(map[string]any)["path"] != "/metrics" {
+			t.Errorf("ServiceMonitor %s endpoints %v, want /metrics on port %v", bin.monitor, eps, svcPort)
+		}
+		dryRunApply(t, ctx, []*unstructured.Unstructured{svc})
+	}
+}
