@@ -24,8 +24,8 @@ build: ## Build every binary into bin/.
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 .PHONY: images
-images: ## OCI image tarballs bin/images/{server,controller,kvevent-subscriber}.tar, no container daemon needed (hack/images); TAG=... overrides the tag operator/config/default pins.
-	cd hack/images && $(GO) run . -repo $(CURDIR) -out $(BIN)/images $(if $(TAG),-tag $(TAG))
+images: ## OCI image tarballs bin/images/{server,controller,kvevent-subscriber}.tar, no container daemon needed (hack/images); TAG=... overrides the tag operator/config/default pins, ARCH=... the machine's architecture.
+	cd hack/images && $(GO) run . -repo $(CURDIR) -out $(BIN)/images $(if $(TAG),-tag $(TAG)) $(if $(ARCH),-arch $(ARCH))
 
 .PHONY: run
 run: ## Main job: start the server on embedded defaults, run a short load, print the report.
