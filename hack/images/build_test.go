@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +17,9 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -76,7 +80,33 @@ func TestImages(t *testing.T) {
 				t.Errorf("tagged %s, want %s (the manifests' pin)", r.Ref, want)
 			}
 			checkImage(t, ctx, r, bi)
+			checkPush(t, r)
 		})
+	}
+}
+
+// checkPush pushes the tarball to a registry on 127.0.0.1 as `crane push`
+// does and checks the registry stores it under the digest Build reported.
+func checkPush(t *testing.T, r Result) {
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer reg.Close()
+	img, err := tarball.ImageFromPath(r.Path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := name.ParseReference(strings.TrimPrefix(reg.URL, "http://") + "/inferencecache/" + r.Name + ":test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatalf("push: %v", err)
+	}
+	desc, err := remote.Head(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if desc.Digest != r.Digest {
+		t.Errorf("the registry holds %s as %s, Build reported %s", ref, desc.Digest, r.Digest)
 	}
 }
 
