@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -39,6 +40,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	cfg := server.DefaultConfig()
 	var logFormat, logLevel, metricsModels, natsFilters string
 	var natsMaxTTL time.Duration
+	var mem memoryLimit
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.GRPCAddr, "grpc-bind-address", cfg.GRPCAddr, "gRPC listen address")
@@ -48,6 +50,9 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "gRPC TLS private key (PEM); set together with --tls-cert-file")
 	fs.Int64Var(&cfg.MaxIndexEntries, "max-index-entries", cfg.MaxIndexEntries, "cap on replica x prefix entries (0 = unbounded)")
 	fs.Int64Var(&cfg.MaxIndexBytes, "max-index-bytes", 0, "cap on the index's accounted memory in bytes (0 = none)")
+	fs.Int64Var(&mem.limit, "memory-limit", 0, "the container's memory limit in bytes (the manifests pass limits.memory through the downward API); derives --max-index-bytes and the Go runtime's soft memory limit (GOMEMLIMIT) unless those are set (0 = derive nothing)")
+	fs.Float64Var(&mem.indexFraction, "memory-limit-index-fraction", defaultIndexFraction, "share of --memory-limit that --max-index-bytes defaults to")
+	fs.Float64Var(&mem.gcFraction, "memory-limit-gc-fraction", defaultGCFraction, "share of --memory-limit that the Go runtime's soft memory limit defaults to when GOMEMLIMIT is unset")
 	fs.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "engine KV block size in tokens, for fingerprinting token_ids")
 	fs.StringVar(&cfg.TokenizerDir, "tokenizer-dir", "", "folder of the models' tokenizers for prompt_text: model M's tokenizer.json and tokenizer_config.json are read from DIR/M/ on first use (empty: prompt_text fails open to NO_HINT)")
 	fs.DurationVar(&cfg.TokenizerRetryAfter, "tokenizer-retry-after", modeldir.DefaultRetryAfter, "how long a model whose tokenizer failed to load fails open before the next load attempt")
@@ -88,6 +93,15 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	fs.Visit(func(f *flag.Flag) { mem.indexSet = mem.indexSet || f.Name == "max-index-bytes" })
+	mem.gcSet = os.Getenv("GOMEMLIMIT") != "" // the runtime reads "" as unset too
+	derived, err := mem.derive()
+	if err != nil {
+		return err
+	}
+	if derived.indexBytes > 0 {
+		cfg.MaxIndexBytes = derived.indexBytes
+	}
 	for _, f := range strings.Split(natsFilters, ",") {
 		if f = strings.TrimSpace(f); f != "" {
 			cfg.NATS.Filters = append(cfg.NATS.Filters, f)
@@ -118,6 +132,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 		cfg.Logger = slog.New(slog.NewTextHandler(stderr, opts))
 	default:
 		return fmt.Errorf("--log-format must be json or text, got %q", logFormat)
+	}
+
+	if derived.gcBytes > 0 {
+		debug.SetMemoryLimit(derived.gcBytes)
+	}
+	if mem.limit > 0 {
+		cfg.Logger.Info("memory limit", "memory_limit", mem.limit, "max_index_bytes", cfg.MaxIndexBytes,
+			"index_derived", derived.indexBytes > 0, "gomemlimit", debug.SetMemoryLimit(-1), "gomemlimit_derived", derived.gcBytes > 0)
 	}
 
 	srv, err := server.New(cfg)

@@ -210,6 +210,14 @@ func newBackendControllerMetrics() *backendControllerMetrics {
 	}
 }
 
+// CacheBackendCollectors returns unregistered copies of the CacheBackend
+// reconciler's vectors, so tools (the alert-rule test) can list the metric
+// names the controller exposes.
+func CacheBackendCollectors() []prometheus.Collector {
+	m := newBackendControllerMetrics()
+	return []prometheus.Collector{m.probeResults, m.cascades}
+}
+
 func (m *backendControllerMetrics) recordProbe(backend string, resp controlapi.ProbeResponse) {
 	m.probeResults.WithLabelValues(backend, controlapi.StageIngest, resp.Ingest).Inc()
 	m.probeResults.WithLabelValues(backend, controlapi.StageRouting, resp.Routing).Inc()

@@ -82,6 +82,7 @@ func TestConfigDefaultAppliesToAPIServer(t *testing.T) {
 		"CustomResourceDefinition": 6, "Namespace": 1, "ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 3,
 		"Role": 3, "RoleBinding": 3, "Deployment": 2, "Service": 2, "NetworkPolicy": 1, "ValidatingWebhookConfiguration": 1,
 		"MutatingWebhookConfiguration": 1,
+		"PodDisruptionBudget":          2,
 	}
 	for k, n := range want {
 		if kinds[k] != n {
