@@ -38,6 +38,7 @@ func podSpec(t *testing.T, d *unstructured.Unstructured) corev1.PodSpec {
 // default/kustomization.yaml; no manifest anywhere names :latest.
 func TestConfigImagesPinned(t *testing.T) {
 	tags := map[string]bool{}
+	subscriber := false
 	for _, dir := range []string{"../../config/default", "../../config/scaleout"} {
 		for _, u := range render(t, dir) {
 			if u.GetKind() != "Deployment" {
@@ -50,8 +51,24 @@ func TestConfigImagesPinned(t *testing.T) {
 					t.Errorf("%s: %s/%s image %q is not ghcr.io/inferencecache/NAME:VERSION", dir, u.GetName(), c.Name, c.Image)
 				}
 				tags[tag] = true
+				// The injected sidecar's image is a flag of the controller;
+				// kustomize's images: cannot reach it, so it must carry the
+				// same pinned version by hand.
+				for _, a := range c.Args {
+					if img, ok := strings.CutPrefix(a, "--kvevent-subscriber-image="); ok {
+						repo, tag, _ := strings.Cut(img, ":")
+						if repo != "ghcr.io/inferencecache/kvevent-subscriber" {
+							t.Errorf("%s: --kvevent-subscriber-image %q is not ghcr.io/inferencecache/kvevent-subscriber", dir, img)
+						}
+						tags[tag] = true
+						subscriber = true
+					}
+				}
 			}
 		}
+	}
+	if !subscriber {
+		t.Errorf("no controller passes --kvevent-subscriber-image: injected engine pods would get no sidecar")
 	}
 	if len(tags) != 1 {
 		t.Errorf("images carry the tags %v, want one version", tags)
