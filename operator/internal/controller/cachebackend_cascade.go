@@ -18,6 +18,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/claim"
 )
 
 // RestartTriggerAnnotation is patched onto the pod template of the engine
@@ -96,7 +97,7 @@ func replaced(old, now string, existing map[types.UID]bool) bool {
 // engineSelector matches gets RestartTriggerAnnotation. While the window is
 // closed the old instance is kept, so the pending change cascades once the
 // window opens. It returns how long until a pending cascade is due.
-func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheBackend, serverPods []corev1.Pod, now time.Time) (time.Duration, error) {
+func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheBackend, siblings []v1alpha1.CacheBackend, serverPods []corev1.Pod, now time.Time) (time.Duration, error) {
 	cur := serverInstance(serverPods)
 	old := b.Status.ObservedServerInstance
 	if cur == "" || cur == old {
@@ -121,7 +122,7 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 	if left > 0 {
 		return left, nil
 	}
-	n, err := r.triggerEngines(ctx, b, cur)
+	n, err := r.triggerEngines(ctx, b, siblings, cur)
 	if err != nil {
 		return 0, err
 	}
@@ -137,10 +138,12 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 }
 
 // triggerEngines patches RestartTriggerAnnotation onto the pod templates of
-// the Deployments in b's namespace that b's engineSelector matches. The
+// the Deployments in b's namespace whose pods b claims (claim.Claimant over
+// siblings, the backends of b's namespace: the rule the webhook injects by,
+// so a Deployment wired to another backend is not rolled for b's server). The
 // value is derived from the new instance, so a retried cascade does not
 // roll a Deployment a second time.
-func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1.CacheBackend, instance string) (int, error) {
+func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1.CacheBackend, siblings []v1alpha1.CacheBackend, instance string) (int, error) {
 	if b.Spec.EngineSelector == nil || len(b.Spec.EngineSelector.MatchLabels) == 0 {
 		return 0, nil
 	}
@@ -159,7 +162,7 @@ func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1
 	n := 0
 	for i := range deps.Items {
 		d := &deps.Items[i]
-		if !selects(b, d.Spec.Template.Labels) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
+		if !claim.Claims(b, siblings, d.Spec.Template.Labels) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
 			continue
 		}
 		if err := r.Client.Patch(ctx, d, client.RawPatch(types.MergePatchType, patch)); err != nil {

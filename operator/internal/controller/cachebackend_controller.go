@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/claim"
 	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
@@ -172,9 +173,13 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if err := r.Client.List(ctx, &pods, client.InNamespace(b.Namespace)); err != nil {
 		return reconcile.Result{}, fmt.Errorf("cannot list pods in %s: %w", b.Namespace, err)
 	}
-	matched := matchEngines(&b, pods.Items)
-	st.MatchedEnginePods = ptr(int32(len(matched)))
-	st.EngineSelectorMessage = selectorMessage(&b, len(matched))
+	var siblings v1alpha1.CacheBackendList
+	if err := r.Client.List(ctx, &siblings, client.InNamespace(b.Namespace)); err != nil {
+		return reconcile.Result{}, fmt.Errorf("cannot list CacheBackends in %s: %w", b.Namespace, err)
+	}
+	m := matchEngines(&b, siblings.Items, pods.Items)
+	st.MatchedEnginePods = ptr(int32(m.claimed))
+	st.EngineSelectorMessage = selectorMessage(&b, m)
 	st.FailOpen = ptr(b.Spec.Integration == nil || b.Spec.Integration.FailOpen == nil || *b.Spec.Integration.FailOpen)
 	st.ObservedGeneration = b.Generation
 	if p := st.IndexParticipation; st.FirstKVEventObservedAt == nil && p != nil && (p.LastEventAt != nil || p.PrefixCount > 0) {
@@ -227,7 +232,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		t2Condition(&b, c)
 		engineCompatibility(&b, pods.Items, c)
-		wait, err := r.cascade(ctx, &b, serverPods(&b, pods.Items), now)
+		wait, err := r.cascade(ctx, &b, siblings.Items, serverPods(&b, pods.Items), now)
 		passErr = err
 		due(wait)
 	}
@@ -255,19 +260,37 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 
-// matchEngines returns the pods of b's namespace its engineSelector
-// selects; an empty selector selects none.
-func matchEngines(b *v1alpha1.CacheBackend, pods []corev1.Pod) []*corev1.Pod {
-	var out []*corev1.Pod
-	for i := range pods {
-		if selects(b, pods[i].Labels) {
-			out = append(out, &pods[i])
-		}
-	}
-	return out
+// engineMatch is how many pods of b's namespace b claims, and how many more
+// its selector matches that an earlier backend by name claims.
+type engineMatch struct {
+	claimed  int
+	shadowed int
+	// shadowedBy names one backend that claims pods b's selector matches.
+	shadowedBy string
 }
 
-func selectorMessage(b *v1alpha1.CacheBackend, n int) string {
+// matchEngines counts the pods b claims among pods (b's namespace) under
+// claim.Claimant over siblings (the backends of b's namespace, b included):
+// the rule the pod webhook injects by, so matchedEnginePods counts the pods
+// a creation would wire to b. An empty selector claims none.
+func matchEngines(b *v1alpha1.CacheBackend, siblings []v1alpha1.CacheBackend, pods []corev1.Pod) engineMatch {
+	var m engineMatch
+	for i := range pods {
+		labels := pods[i].Labels
+		if !claim.Selects(b.Spec.EngineSelector, labels) {
+			continue
+		}
+		if c := claim.Claimant(siblings, b.Namespace, labels); c != nil && c.Name != b.Name {
+			m.shadowed++
+			m.shadowedBy = c.Name
+			continue
+		}
+		m.claimed++
+	}
+	return m
+}
+
+func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
 	if b.Spec.EngineSelector == nil || len(b.Spec.EngineSelector.MatchLabels) == 0 {
 		return "spec.engineSelector.matchLabels is empty; an empty selector claims no engine pods"
 	}
@@ -277,10 +300,14 @@ func selectorMessage(b *v1alpha1.CacheBackend, n int) string {
 	}
 	slices.Sort(keys)
 	sel := strings.Join(keys, ",")
-	if n == 0 {
-		return "no pod in " + b.Namespace + " matches " + sel
+	msg := fmt.Sprintf("%d pod(s) match %s", m.claimed, sel)
+	if m.claimed == 0 {
+		msg = "no pod in " + b.Namespace + " matches " + sel
 	}
-	return fmt.Sprintf("%d pod(s) match %s", n, sel)
+	if m.shadowed > 0 {
+		msg += fmt.Sprintf("; %d more match but are claimed by an earlier CacheBackend by name (e.g. %s)", m.shadowed, m.shadowedBy)
+	}
+	return msg
 }
 
 // serverPods returns b's cache-server pods.
@@ -345,8 +372,9 @@ func (r *CacheBackendReconciler) announce(b, before *v1alpha1.CacheBackend) {
 }
 
 // backendsOfPod maps a pod to the CacheBackends it concerns: the one whose
-// server it runs, the one that injected it, and those whose selector
-// matches it.
+// server it runs, the one that injected it, and every one whose selector
+// matches it (not only its claimant: a backend that lost or won the claim
+// recounts too).
 func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconcile.Request {
 	seen := map[types.NamespacedName]bool{}
 	if name := p.Labels[BackendLabel]; name != "" {
@@ -358,7 +386,7 @@ func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconc
 	var list v1alpha1.CacheBackendList
 	if err := c.List(ctx, &list, client.InNamespace(p.Namespace)); err == nil {
 		for i := range list.Items {
-			if selects(&list.Items[i], p.Labels) {
+			if claim.Selects(list.Items[i].Spec.EngineSelector, p.Labels) {
 				seen[types.NamespacedName{Namespace: p.Namespace, Name: list.Items[i].Name}] = true
 			}
 		}

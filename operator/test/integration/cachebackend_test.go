@@ -598,3 +598,69 @@ func TestPromptTemplateRevision(t *testing.T) {
 		return nil
 	})
 }
+
+// TestCacheBackendClaimsFollowTheWebhook: two backends of a namespace select
+// the same engines. The first by name claims them (the pod webhook's rule),
+// so only it counts them in matchedEnginePods, and a replacement of the
+// other one's server rolls no engine Deployment (it still counts as one
+// cascade decision, as metrics.md says of a zero-match cascade).
+func TestCacheBackendClaimsFollowTheWebhook(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-claims", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	labels := map[string]string{"app": "llama"}
+	enginePod(t, ctx, ns, "llama-0", labels, nil)
+	wantOK(t, "deployment", k8s.Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+			},
+		},
+	}))
+	wantOK(t, "backend aaa", k8s.Create(ctx, cbObj(ns, "aaa", "llama", nil)))
+	wantOK(t, "backend lmc", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
+	matched := func(name string, want int32, msg string) {
+		t.Helper()
+		eventually(t, 10*time.Second, func() error {
+			b, err := getBackend(ctx, ns, name)
+			if err != nil {
+				return err
+			}
+			if m := b.Status.MatchedEnginePods; m == nil || *m != want || !strings.Contains(b.Status.EngineSelectorMessage, msg) {
+				return fmt.Errorf("%s: matchedEnginePods %v, engineSelectorMessage %q; want %d, %q", name, m, b.Status.EngineSelectorMessage, want, msg)
+			}
+			return nil
+		})
+	}
+	matched("aaa", 1, "1 pod(s) match app=llama")
+	matched("lmc", 0, "1 more match but are claimed by an earlier CacheBackend by name (e.g. aaa)")
+
+	a := serverPod(t, ns, "lmc", "lmc-a", 0)
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, ns, "lmc")
+		if err != nil {
+			return err
+		}
+		if b.Status.ObservedServerInstance != string(a.UID)+":0" {
+			return fmt.Errorf("observedServerInstance %q", b.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	serverPod(t, ns, "lmc", "lmc-b", 0)
+	eventually(t, 10*time.Second, func() error {
+		if v, _ := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"}); v != 1 {
+			return fmt.Errorf("cascades %v, want 1", v)
+		}
+		return nil
+	})
+	var d appsv1.Deployment
+	wantOK(t, "get llama", k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "llama"}, &d))
+	if v := d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]; v != "" {
+		t.Fatalf("lmc's cascade rolled the engine Deployment aaa claims (trigger %q)", v)
+	}
+}
