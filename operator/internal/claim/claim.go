@@ -40,9 +40,36 @@ func Claimant(backends []v1alpha1.CacheBackend, ns string, labels map[string]str
 	return first
 }
 
-// Claims reports whether b is the Claimant of a pod of b's namespace with
-// labels among backends (which should include b).
-func Claims(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, labels map[string]string) bool {
-	c := Claimant(backends, b.Namespace, labels)
-	return c != nil && c.Name == b.Name
+// Owner returns the backend that claims a pod of namespace ns with labels
+// among backends (any namespaces, any order; not modified): its Claimant in
+// ns, else the first by (namespace, name) of another namespace that sets
+// allowCrossNamespace and whose engineSelector Selects the labels; nil when
+// none does. This is the pod webhook's rule.
+func Owner(backends []v1alpha1.CacheBackend, ns string, labels map[string]string) *v1alpha1.CacheBackend {
+	if c := Claimant(backends, ns, labels); c != nil {
+		return c
+	}
+	var first *v1alpha1.CacheBackend
+	for i := range backends {
+		b := &backends[i]
+		if b.Namespace == ns || !b.Spec.AllowCrossNamespace || (first != nil && !before(b, first)) {
+			continue
+		}
+		if Selects(b.Spec.EngineSelector, labels) {
+			first = b
+		}
+	}
+	return first
+}
+
+func before(a, b *v1alpha1.CacheBackend) bool {
+	return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Name < b.Name
+}
+
+// Claims reports whether b is the Owner of a pod of namespace ns with labels
+// among backends (which should include b and, for a pod outside b's
+// namespace, that namespace's backends).
+func Claims(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, ns string, labels map[string]string) bool {
+	o := Owner(backends, ns, labels)
+	return o != nil && o.Namespace == b.Namespace && o.Name == b.Name
 }

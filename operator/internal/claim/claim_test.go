@@ -59,7 +59,37 @@ func TestClaimant(t *testing.T) {
 	if all[0].Name != "zeta" {
 		t.Errorf("Claimant reordered its input")
 	}
-	if !Claims(&all[2], all, map[string]string{"app": "vllm", "tier": "a"}) || Claims(&all[0], all, map[string]string{"app": "vllm", "tier": "a"}) {
+	if !Claims(&all[2], all, "ns", map[string]string{"app": "vllm", "tier": "a"}) || Claims(&all[0], all, "ns", map[string]string{"app": "vllm", "tier": "a"}) {
 		t.Errorf("Claims disagrees with Claimant")
+	}
+}
+
+func TestOwner(t *testing.T) {
+	cross := func(b v1alpha1.CacheBackend) v1alpha1.CacheBackend { b.Spec.AllowCrossNamespace = true; return b }
+	all := []v1alpha1.CacheBackend{
+		cross(backend("z-home", "a", map[string]string{"app": "vllm"})),
+		cross(backend("home", "shared", map[string]string{"app": "vllm"})),
+		cross(backend("home", "empty", map[string]string{})),
+		backend("home", "private", map[string]string{"app": "sglang"}),
+		backend("local", "mine", map[string]string{"app": "vllm", "tier": "a"}),
+	}
+	f := func(ns string, labels map[string]string, want string) {
+		t.Helper()
+		got := ""
+		if o := Owner(all, ns, labels); o != nil {
+			got = o.Namespace + "/" + o.Name
+		}
+		if got != want {
+			t.Errorf("Owner(%s, %v) = %q, want %q", ns, labels, got, want)
+		}
+	}
+	f("local", map[string]string{"app": "vllm", "tier": "a"}, "local/mine") // a local claim wins
+	f("local", map[string]string{"app": "vllm"}, "home/shared")             // first (namespace, name) that allows it
+	f("home", map[string]string{"app": "vllm"}, "home/shared")
+	f("z-home", map[string]string{"app": "vllm"}, "z-home/a")
+	f("local", map[string]string{"app": "sglang"}, "") // private does not reach out
+	f("other", map[string]string{}, "")
+	if !Claims(&all[1], all, "local", map[string]string{"app": "vllm"}) || Claims(&all[0], all, "local", map[string]string{"app": "vllm"}) {
+		t.Error("Claims disagrees with Owner")
 	}
 }

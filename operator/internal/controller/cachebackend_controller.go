@@ -169,15 +169,21 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 	}
 
+	// b's engines are in its namespace, or anywhere when it claims across
+	// namespaces (the pod webhook injects such pods for it).
+	scope := []client.ListOption{client.InNamespace(b.Namespace)}
+	if b.Spec.AllowCrossNamespace {
+		scope = nil
+	}
 	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(b.Namespace)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("cannot list pods in %s: %w", b.Namespace, err)
+	if err := r.Client.List(ctx, &pods, scope...); err != nil {
+		return reconcile.Result{}, fmt.Errorf("cannot list the pods of CacheBackend %s: %w", req, err)
 	}
-	var siblings v1alpha1.CacheBackendList
-	if err := r.Client.List(ctx, &siblings, client.InNamespace(b.Namespace)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("cannot list CacheBackends in %s: %w", b.Namespace, err)
+	var backends v1alpha1.CacheBackendList
+	if err := r.Client.List(ctx, &backends, scope...); err != nil {
+		return reconcile.Result{}, fmt.Errorf("cannot list the CacheBackends beside %s: %w", req, err)
 	}
-	m := matchEngines(&b, siblings.Items, pods.Items)
+	m := matchEngines(&b, backends.Items, pods.Items)
 	st.MatchedEnginePods = ptr(int32(m.claimed))
 	st.EngineSelectorMessage = selectorMessage(&b, m)
 	st.FailOpen = ptr(b.Spec.Integration == nil || b.Spec.Integration.FailOpen == nil || *b.Spec.Integration.FailOpen)
@@ -232,7 +238,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		t2Condition(&b, c)
 		engineCompatibility(&b, pods.Items, c)
-		wait, err := r.cascade(ctx, &b, siblings.Items, serverPods(&b, pods.Items), now)
+		wait, err := r.cascade(ctx, &b, scope, backends.Items, serverPods(&b, pods.Items), now)
 		passErr = err
 		due(wait)
 	}
@@ -265,24 +271,31 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 type engineMatch struct {
 	claimed  int
 	shadowed int
-	// shadowedBy names one backend that claims pods b's selector matches.
+	// shadowedBy names (<ns>/<name>) one backend that claims pods b's
+	// selector matches.
 	shadowedBy string
 }
 
-// matchEngines counts the pods b claims among pods (b's namespace) under
-// claim.Claimant over siblings (the backends of b's namespace, b included):
-// the rule the pod webhook injects by, so matchedEnginePods counts the pods
-// a creation would wire to b. An empty selector claims none.
-func matchEngines(b *v1alpha1.CacheBackend, siblings []v1alpha1.CacheBackend, pods []corev1.Pod) engineMatch {
+// matchEngines counts the pods b claims among pods under claim.Owner over
+// backends (those of b's namespace, and of every namespace when b sets
+// allowCrossNamespace; b included): the rule the pod webhook injects by, so
+// matchedEnginePods counts the pods a creation would wire to b. An empty
+// selector claims none.
+func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pods []corev1.Pod) engineMatch {
 	var m engineMatch
 	for i := range pods {
-		labels := pods[i].Labels
-		if !claim.Selects(b.Spec.EngineSelector, labels) {
+		p := &pods[i]
+		if !claim.Selects(b.Spec.EngineSelector, p.Labels) {
 			continue
 		}
-		if c := claim.Claimant(siblings, b.Namespace, labels); c != nil && c.Name != b.Name {
-			m.shadowed++
-			m.shadowedBy = c.Name
+		if p.Namespace != b.Namespace && !b.Spec.AllowCrossNamespace {
+			continue
+		}
+		if o := claim.Owner(backends, p.Namespace, p.Labels); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
+			if o != nil {
+				m.shadowed++
+				m.shadowedBy = o.Namespace + "/" + o.Name
+			}
 			continue
 		}
 		m.claimed++
@@ -301,11 +314,15 @@ func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
 	slices.Sort(keys)
 	sel := strings.Join(keys, ",")
 	msg := fmt.Sprintf("%d pod(s) match %s", m.claimed, sel)
-	if m.claimed == 0 {
+	switch {
+	case m.claimed > 0:
+	case b.Spec.AllowCrossNamespace:
+		msg = "no pod matches " + sel
+	default:
 		msg = "no pod in " + b.Namespace + " matches " + sel
 	}
 	if m.shadowed > 0 {
-		msg += fmt.Sprintf("; %d more match but are claimed by an earlier CacheBackend by name (e.g. %s)", m.shadowed, m.shadowedBy)
+		msg += fmt.Sprintf("; %d more match but another CacheBackend claims them (e.g. %s: the first by name of the pod's namespace, else by namespace and name with allowCrossNamespace)", m.shadowed, m.shadowedBy)
 	}
 	return msg
 }
@@ -314,7 +331,7 @@ func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
 func serverPods(b *v1alpha1.CacheBackend, pods []corev1.Pod) []corev1.Pod {
 	var out []corev1.Pod
 	for _, p := range pods {
-		if p.Labels[BackendLabel] == b.Name && p.Labels[ComponentLabel] == componentValue {
+		if p.Namespace == b.Namespace && p.Labels[BackendLabel] == b.Name && p.Labels[ComponentLabel] == componentValue {
 			out = append(out, p)
 		}
 	}
@@ -337,7 +354,11 @@ func engineCompatibility(b *v1alpha1.CacheBackend, pods []corev1.Pod, c conds) {
 		}
 		for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
 			if w := cs.State.Waiting; w != nil && w.Reason == "CrashLoopBackOff" {
-				looping = append(looping, p.Name+"/"+cs.Name)
+				name := p.Name
+				if p.Namespace != b.Namespace {
+					name = p.Namespace + "/" + p.Name
+				}
+				looping = append(looping, name+"/"+cs.Name)
 			}
 		}
 	}
@@ -373,8 +394,8 @@ func (r *CacheBackendReconciler) announce(b, before *v1alpha1.CacheBackend) {
 
 // backendsOfPod maps a pod to the CacheBackends it concerns: the one whose
 // server it runs, the one that injected it, and every one whose selector
-// matches it (not only its claimant: a backend that lost or won the claim
-// recounts too).
+// matches it, of its namespace or with allowCrossNamespace (not only its
+// claimant: a backend that lost or won the claim recounts too).
 func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconcile.Request {
 	seen := map[types.NamespacedName]bool{}
 	if name := p.Labels[BackendLabel]; name != "" {
@@ -384,10 +405,11 @@ func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconc
 		seen[types.NamespacedName{Namespace: ns, Name: name}] = true
 	}
 	var list v1alpha1.CacheBackendList
-	if err := c.List(ctx, &list, client.InNamespace(p.Namespace)); err == nil {
+	if err := c.List(ctx, &list); err == nil {
 		for i := range list.Items {
-			if claim.Selects(list.Items[i].Spec.EngineSelector, p.Labels) {
-				seen[types.NamespacedName{Namespace: p.Namespace, Name: list.Items[i].Name}] = true
+			b := &list.Items[i]
+			if (b.Namespace == p.Namespace || b.Spec.AllowCrossNamespace) && claim.Selects(b.Spec.EngineSelector, p.Labels) {
+				seen[types.NamespacedName{Namespace: b.Namespace, Name: b.Name}] = true
 			}
 		}
 	}

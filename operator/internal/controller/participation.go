@@ -25,17 +25,22 @@ type PodMeta struct {
 // owns them, keyed by "<namespace>/<name>". A replica is the pod named by its
 // replicaId in the namespace named by its tenant. The owner is the backend
 // the pod's inferencecache.io/injected-by annotation names, when it exists;
-// otherwise its claim.Claimant (the first backend by name in the pod's
-// namespace whose non-empty engineSelector.matchLabels the pod's labels
-// include, as the pod webhook and the reconciler decide). Replicas whose pod is
+// otherwise its claim.Owner (the first backend by name in the pod's namespace
+// whose non-empty engineSelector.matchLabels the pod's labels include, else
+// the first by namespace and name with allowCrossNamespace; as the pod
+// webhook and the reconciler decide). Replicas whose pod is
 // unknown, or that no backend claims, are left out.
 func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.CacheBackend, pods map[types.NamespacedName]PodMeta) map[string][]*controlapi.ReplicaSnapshot {
 	byKey := make(map[string]*v1alpha1.CacheBackend, len(backends))
 	byNS := map[string][]v1alpha1.CacheBackend{} // claim.Claimant scans one namespace
+	var cross []v1alpha1.CacheBackend            // those with allowCrossNamespace
 	for i := range backends {
 		b := &backends[i]
 		byKey[b.Namespace+"/"+b.Name] = b
 		byNS[b.Namespace] = append(byNS[b.Namespace], *b)
+		if b.Spec.AllowCrossNamespace {
+			cross = append(cross, *b)
+		}
 	}
 	out := map[string][]*controlapi.ReplicaSnapshot{}
 	for i := range snap.Replicas {
@@ -50,7 +55,11 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 				continue
 			}
 		}
-		if b := claim.Claimant(byNS[r.Tenant], r.Tenant, pod.Labels); b != nil {
+		b := claim.Claimant(byNS[r.Tenant], r.Tenant, pod.Labels)
+		if b == nil {
+			b = claim.Owner(cross, r.Tenant, pod.Labels)
+		}
+		if b != nil {
 			key := b.Namespace + "/" + b.Name
 			out[key] = append(out[key], r)
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -123,11 +122,10 @@ func skip(pod *corev1.Pod) bool {
 }
 
 // backendFor returns the CacheBackend claiming a pod of namespace ns with
-// labels: claim.Claimant among ns's backends (the first by name whose
-// non-empty engineSelector.matchLabels the labels contain, the rule the
-// reconciler and the snapshot projection share), else the first by
+// labels, claim.Owner: the first of ns by name whose non-empty
+// engineSelector.matchLabels the labels contain, else the first by
 // (namespace, name) elsewhere that sets allowCrossNamespace; nil when none
-// does.
+// does. ns's backends are listed first, all only when none of them claims.
 func (p *PodInjector) backendFor(ctx context.Context, ns string, labels map[string]string) (*v1alpha1.CacheBackend, error) {
 	if p.Reader == nil {
 		return nil, ErrNoReader
@@ -143,14 +141,5 @@ func (p *PodInjector) backendFor(ctx context.Context, ns string, labels map[stri
 	if err := p.Reader.List(ctx, &all); err != nil {
 		return nil, fmt.Errorf("cannot list CacheBackends: %w", err)
 	}
-	slices.SortFunc(all.Items, func(a, b v1alpha1.CacheBackend) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	for i := range all.Items {
-		cb := &all.Items[i]
-		if cb.Namespace != ns && cb.Spec.AllowCrossNamespace && claim.Selects(cb.Spec.EngineSelector, labels) {
-			return cb, nil
-		}
-	}
-	return nil, nil
+	return claim.Owner(all.Items, ns, labels), nil
 }

@@ -637,7 +637,7 @@ func TestCacheBackendClaimsFollowTheWebhook(t *testing.T) {
 		})
 	}
 	matched("aaa", 1, "1 pod(s) match app=llama")
-	matched("lmc", 0, "1 more match but are claimed by an earlier CacheBackend by name (e.g. aaa)")
+	matched("lmc", 0, "1 more match but another CacheBackend claims them (e.g. "+ns+"/aaa:")
 
 	a := serverPod(t, ns, "lmc", "lmc-a", 0)
 	eventually(t, 10*time.Second, func() error {
@@ -663,4 +663,73 @@ func TestCacheBackendClaimsFollowTheWebhook(t *testing.T) {
 	if v := d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]; v != "" {
 		t.Fatalf("lmc's cascade rolled the engine Deployment aaa claims (trigger %q)", v)
 	}
+}
+
+// TestCacheBackendCrossNamespaceClaims: a backend with allowCrossNamespace
+// claims engine pods of a namespace without a claimant of its own (the pod
+// webhook injects them for it), so it counts them, reports their crash loops
+// and rolls their Deployments when its server is replaced.
+func TestCacheBackendCrossNamespaceClaims(t *testing.T) {
+	ctx := needEnv(t)
+	home := namespace(t, ctx, "cb-cross-home", false)
+	other := namespace(t, ctx, "cb-cross-other", false)
+	startBackendControllerIn(t, 200*time.Millisecond, home, other)
+	setSnapshot(t)
+	labels := map[string]string{"app": "xllama"}
+	pod := enginePod(t, ctx, other, "x-0", labels, map[string]string{controller.InjectedByAnnotation: home + "/shared"})
+	wantOK(t, "deployment", k8s.Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "xllama"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+			},
+		},
+	}))
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(home, "shared", "xllama", func(b *v1alpha1.CacheBackend) { b.Spec.AllowCrossNamespace = true })))
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, home, "shared")
+		if err != nil {
+			return err
+		}
+		if m := b.Status.MatchedEnginePods; m == nil || *m != 1 || b.Status.EngineSelectorMessage != "1 pod(s) match app=xllama" {
+			return fmt.Errorf("matchedEnginePods %v, engineSelectorMessage %q", m, b.Status.EngineSelectorMessage)
+		}
+		return nil
+	})
+
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "engine", Image: "vllm", RestartCount: 4,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+	}}
+	wantOK(t, "pod status", k8s.Status().Update(ctx, pod))
+	b := waitCond(t, ctx, home, "shared", v1alpha1.BackendConditionEngineCompatibility, metav1.ConditionFalse, controller.ReasonInjectedEngineCrashLoop)
+	if c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionEngineCompatibility); !strings.Contains(c.Message, other+"/x-0/engine") {
+		t.Fatalf("message %q does not name the pod", c.Message)
+	}
+
+	a := serverPod(t, home, "shared", "shared-a", 0)
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, home, "shared")
+		if err != nil {
+			return err
+		}
+		if b.Status.ObservedServerInstance != string(a.UID)+":0" {
+			return fmt.Errorf("observedServerInstance %q", b.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	serverPod(t, home, "shared", "shared-b", 0)
+	eventually(t, 10*time.Second, func() error {
+		var d appsv1.Deployment
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: other, Name: "xllama"}, &d); err != nil {
+			return err
+		}
+		if d.Spec.Template.Annotations[controller.RestartTriggerAnnotation] == "" {
+			return fmt.Errorf("the engine Deployment of %s has no restart trigger", other)
+		}
+		return nil
+	})
 }
