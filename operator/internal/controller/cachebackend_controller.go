@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -217,6 +218,9 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	default:
 		w, err := r.provision(ctx, &b)
 		if err != nil {
+			if errors.Is(err, errNotControlled) && r.Recorder != nil {
+				r.Recorder.Eventf(&b, nil, corev1.EventTypeWarning, "ProvisionConflict", "Provision", "%s", err.Error())
+			}
 			return reconcile.Result{}, err
 		}
 		st.Endpoint = serverEndpoint(&b)

@@ -733,3 +733,37 @@ func TestCacheBackendCrossNamespaceClaims(t *testing.T) {
 		return nil
 	})
 }
+
+// TestCacheBackendLeavesForeignObjects: an engine Deployment and Service
+// named like the backend are not adopted (rewritten into the cache server,
+// then garbage-collected with the backend); a Warning Event says why.
+func TestCacheBackendLeavesForeignObjects(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-foreign", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	labels := map[string]string{"app": "llama"}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama"},
+		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "http", Port: 8000}}},
+	}
+	wantOK(t, "service", k8s.Create(ctx, svc))
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "llama", "llama", nil)))
+	eventually(t, 10*time.Second, func() error {
+		var evs eventsv1.EventList
+		if err := k8s.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == "llama" && e.Reason == "ProvisionConflict" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "Service") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no ProvisionConflict Event among %d", len(evs.Items))
+	})
+	var got corev1.Service
+	wantOK(t, "get service", k8s.Get(ctx, client.ObjectKeyFromObject(svc), &got))
+	if len(got.OwnerReferences) != 0 || got.Spec.Selector["app"] != "llama" || len(got.Spec.Selector) != 1 || got.Spec.Ports[0].Port != 8000 {
+		t.Fatalf("the engine Service was taken over: %+v %+v", got.OwnerReferences, got.Spec)
+	}
+}
