@@ -194,6 +194,11 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	}
 
 	var passErr error
+	if class != classManaged {
+		// No server of ours runs: an instance kept from a managed past
+		// would read as a replacement (and roll the engines) on return.
+		st.ObservedServerInstance = ""
+	}
 	switch class {
 	case classExternal:
 		if err := r.unprovision(ctx, &b); err != nil {

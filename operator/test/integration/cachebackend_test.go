@@ -767,3 +767,44 @@ func TestCacheBackendLeavesForeignObjects(t *testing.T) {
 		t.Fatalf("the engine Service was taken over: %+v %+v", got.OwnerReferences, got.Spec)
 	}
 }
+
+// TestCacheBackendInstanceClearedWhenUnmanaged: a backend that stops being
+// managed (EventsOnly here) has no server, so observedServerInstance is
+// cleared; back to managed, its new server is a first observation, not a
+// replacement that rolls the engines.
+func TestCacheBackendInstanceClearedWhenUnmanaged(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-unmanaged", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
+	instance := func(want string) {
+		t.Helper()
+		eventually(t, 10*time.Second, func() error {
+			b, err := getBackend(ctx, ns, "lmc")
+			if err != nil {
+				return err
+			}
+			if b.Status.ObservedServerInstance != want {
+				return fmt.Errorf("observedServerInstance %q, want %q", b.Status.ObservedServerInstance, want)
+			}
+			return nil
+		})
+	}
+	a := serverPod(t, ns, "lmc", "lmc-a", 0)
+	instance(string(a.UID) + ":0")
+	setMode := func(m v1alpha1.IntegrationMode) {
+		patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) {
+			b.Spec.Integration = &v1alpha1.CacheBackendIntegration{Mode: m}
+		})
+	}
+	setMode(v1alpha1.IntegrationEventsOnly)
+	instance("")
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	setMode(v1alpha1.IntegrationOffload)
+	b := serverPod(t, ns, "lmc", "lmc-b", 0)
+	instance(string(b.UID) + ":0")
+	if v, ok := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"}); ok || v != 0 {
+		t.Fatalf("cascades %v: the return to managed cascaded", v)
+	}
+}
