@@ -18,6 +18,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/claim"
 )
 
 // RestartTriggerAnnotation is patched onto the pod template of the engine
@@ -92,11 +93,11 @@ func replaced(old, now string, existing map[types.UID]bool) bool {
 
 // cascade maintains status.observedServerInstance of a managed backend and
 // runs the restart cascade when the server was replaced, at most once per
-// CascadeInterval: every engine Deployment whose pod template the backend's
-// engineSelector matches gets RestartTriggerAnnotation. While the window is
+// CascadeInterval: every engine Deployment whose pods the backend claims
+// (triggerEngines) gets RestartTriggerAnnotation. While the window is
 // closed the old instance is kept, so the pending change cascades once the
 // window opens. It returns how long until a pending cascade is due.
-func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheBackend, serverPods []corev1.Pod, now time.Time) (time.Duration, error) {
+func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, serverPods []corev1.Pod, now time.Time) (time.Duration, error) {
 	cur := serverInstance(serverPods)
 	old := b.Status.ObservedServerInstance
 	if cur == "" || cur == old {
@@ -121,7 +122,7 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 	if left > 0 {
 		return left, nil
 	}
-	n, err := r.triggerEngines(ctx, b, cur)
+	n, err := r.triggerEngines(ctx, b, scope, backends, cur)
 	if err != nil {
 		return 0, err
 	}
@@ -137,16 +138,19 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 }
 
 // triggerEngines patches RestartTriggerAnnotation onto the pod templates of
-// the Deployments in b's namespace that b's engineSelector matches. The
+// the Deployments in scope (b's namespace, or all with allowCrossNamespace)
+// whose pods b claims (claim.Owner over backends, those of the same scope:
+// the rule the webhook injects by, so a Deployment wired to another backend
+// is not rolled for b's server). The
 // value is derived from the new instance, so a retried cascade does not
 // roll a Deployment a second time.
-func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1.CacheBackend, instance string) (int, error) {
+func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, instance string) (int, error) {
 	if b.Spec.EngineSelector == nil || len(b.Spec.EngineSelector.MatchLabels) == 0 {
 		return 0, nil
 	}
 	var deps appsv1.DeploymentList
-	if err := r.Client.List(ctx, &deps, client.InNamespace(b.Namespace)); err != nil {
-		return 0, fmt.Errorf("cannot list engine Deployments in %s: %w", b.Namespace, err)
+	if err := r.Client.List(ctx, &deps, scope...); err != nil {
+		return 0, fmt.Errorf("cannot list the engine Deployments of %s/%s: %w", b.Namespace, b.Name, err)
 	}
 	sum := sha256.Sum256([]byte(instance))
 	value := hex.EncodeToString(sum[:8])
@@ -159,7 +163,7 @@ func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1
 	n := 0
 	for i := range deps.Items {
 		d := &deps.Items[i]
-		if !selects(b, d.Spec.Template.Labels) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
+		if !claim.Claims(b, backends, d.Namespace, d.Spec.Template.Labels) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
 			continue
 		}
 		if err := r.Client.Patch(ctx, d, client.RawPatch(types.MergePatchType, patch)); err != nil {

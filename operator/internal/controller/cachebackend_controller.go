@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/claim"
 	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
@@ -168,13 +170,23 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 	}
 
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(b.Namespace)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("cannot list pods in %s: %w", b.Namespace, err)
+	// b's engines are in its namespace, or anywhere when it claims across
+	// namespaces (the pod webhook injects such pods for it).
+	scope := []client.ListOption{client.InNamespace(b.Namespace)}
+	if b.Spec.AllowCrossNamespace {
+		scope = nil
 	}
-	matched := matchEngines(&b, pods.Items)
-	st.MatchedEnginePods = ptr(int32(len(matched)))
-	st.EngineSelectorMessage = selectorMessage(&b, len(matched))
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, scope...); err != nil {
+		return reconcile.Result{}, fmt.Errorf("cannot list the pods of CacheBackend %s: %w", req, err)
+	}
+	var backends v1alpha1.CacheBackendList
+	if err := r.Client.List(ctx, &backends, scope...); err != nil {
+		return reconcile.Result{}, fmt.Errorf("cannot list the CacheBackends beside %s: %w", req, err)
+	}
+	m := matchEngines(&b, backends.Items, pods.Items)
+	st.MatchedEnginePods = ptr(int32(m.claimed))
+	st.EngineSelectorMessage = selectorMessage(&b, m)
 	st.FailOpen = ptr(b.Spec.Integration == nil || b.Spec.Integration.FailOpen == nil || *b.Spec.Integration.FailOpen)
 	st.ObservedGeneration = b.Generation
 	if p := st.IndexParticipation; st.FirstKVEventObservedAt == nil && p != nil && (p.LastEventAt != nil || p.PrefixCount > 0) {
@@ -182,6 +194,11 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	}
 
 	var passErr error
+	if class != classManaged {
+		// No server of ours runs: an instance kept from a managed past
+		// would read as a replacement (and roll the engines) on return.
+		st.ObservedServerInstance = ""
+	}
 	switch class {
 	case classExternal:
 		if err := r.unprovision(ctx, &b); err != nil {
@@ -206,6 +223,9 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	default:
 		w, err := r.provision(ctx, &b)
 		if err != nil {
+			if errors.Is(err, errNotControlled) && r.Recorder != nil {
+				r.Recorder.Eventf(&b, nil, corev1.EventTypeWarning, "ProvisionConflict", "Provision", "%s", err.Error())
+			}
 			return reconcile.Result{}, err
 		}
 		st.Endpoint = serverEndpoint(&b)
@@ -227,7 +247,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		t2Condition(&b, c)
 		engineCompatibility(&b, pods.Items, c)
-		wait, err := r.cascade(ctx, &b, serverPods(&b, pods.Items), now)
+		wait, err := r.cascade(ctx, &b, scope, backends.Items, serverPods(&b, pods.Items), now)
 		passErr = err
 		due(wait)
 	}
@@ -255,19 +275,44 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 
-// matchEngines returns the pods of b's namespace its engineSelector
-// selects; an empty selector selects none.
-func matchEngines(b *v1alpha1.CacheBackend, pods []corev1.Pod) []*corev1.Pod {
-	var out []*corev1.Pod
-	for i := range pods {
-		if selects(b, pods[i].Labels) {
-			out = append(out, &pods[i])
-		}
-	}
-	return out
+// engineMatch is how many pods of b's namespace b claims, and how many more
+// its selector matches that an earlier backend by name claims.
+type engineMatch struct {
+	claimed  int
+	shadowed int
+	// shadowedBy names (<ns>/<name>) one backend that claims pods b's
+	// selector matches.
+	shadowedBy string
 }
 
-func selectorMessage(b *v1alpha1.CacheBackend, n int) string {
+// matchEngines counts the pods b claims among pods under claim.Owner over
+// backends (those of b's namespace, and of every namespace when b sets
+// allowCrossNamespace; b included): the rule the pod webhook injects by, so
+// matchedEnginePods counts the pods a creation would wire to b. An empty
+// selector claims none.
+func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pods []corev1.Pod) engineMatch {
+	var m engineMatch
+	for i := range pods {
+		p := &pods[i]
+		if !claim.Selects(b.Spec.EngineSelector, p.Labels) {
+			continue
+		}
+		if p.Namespace != b.Namespace && !b.Spec.AllowCrossNamespace {
+			continue
+		}
+		if o := claim.Owner(backends, p.Namespace, p.Labels); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
+			if o != nil {
+				m.shadowed++
+				m.shadowedBy = o.Namespace + "/" + o.Name
+			}
+			continue
+		}
+		m.claimed++
+	}
+	return m
+}
+
+func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
 	if b.Spec.EngineSelector == nil || len(b.Spec.EngineSelector.MatchLabels) == 0 {
 		return "spec.engineSelector.matchLabels is empty; an empty selector claims no engine pods"
 	}
@@ -277,17 +322,25 @@ func selectorMessage(b *v1alpha1.CacheBackend, n int) string {
 	}
 	slices.Sort(keys)
 	sel := strings.Join(keys, ",")
-	if n == 0 {
-		return "no pod in " + b.Namespace + " matches " + sel
+	msg := fmt.Sprintf("%d pod(s) match %s", m.claimed, sel)
+	switch {
+	case m.claimed > 0:
+	case b.Spec.AllowCrossNamespace:
+		msg = "no pod matches " + sel
+	default:
+		msg = "no pod in " + b.Namespace + " matches " + sel
 	}
-	return fmt.Sprintf("%d pod(s) match %s", n, sel)
+	if m.shadowed > 0 {
+		msg += fmt.Sprintf("; %d more match but another CacheBackend claims them (e.g. %s: the first by name of the pod's namespace, else by namespace and name with allowCrossNamespace)", m.shadowed, m.shadowedBy)
+	}
+	return msg
 }
 
 // serverPods returns b's cache-server pods.
 func serverPods(b *v1alpha1.CacheBackend, pods []corev1.Pod) []corev1.Pod {
 	var out []corev1.Pod
 	for _, p := range pods {
-		if p.Labels[BackendLabel] == b.Name && p.Labels[ComponentLabel] == componentValue {
+		if p.Namespace == b.Namespace && p.Labels[BackendLabel] == b.Name && p.Labels[ComponentLabel] == componentValue {
 			out = append(out, p)
 		}
 	}
@@ -310,7 +363,11 @@ func engineCompatibility(b *v1alpha1.CacheBackend, pods []corev1.Pod, c conds) {
 		}
 		for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
 			if w := cs.State.Waiting; w != nil && w.Reason == "CrashLoopBackOff" {
-				looping = append(looping, p.Name+"/"+cs.Name)
+				name := p.Name
+				if p.Namespace != b.Namespace {
+					name = p.Namespace + "/" + p.Name
+				}
+				looping = append(looping, name+"/"+cs.Name)
 			}
 		}
 	}
@@ -345,8 +402,9 @@ func (r *CacheBackendReconciler) announce(b, before *v1alpha1.CacheBackend) {
 }
 
 // backendsOfPod maps a pod to the CacheBackends it concerns: the one whose
-// server it runs, the one that injected it, and those whose selector
-// matches it.
+// server it runs, the one that injected it, and every one whose selector
+// matches it, of its namespace or with allowCrossNamespace (not only its
+// claimant: a backend that lost or won the claim recounts too).
 func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconcile.Request {
 	seen := map[types.NamespacedName]bool{}
 	if name := p.Labels[BackendLabel]; name != "" {
@@ -356,10 +414,11 @@ func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconc
 		seen[types.NamespacedName{Namespace: ns, Name: name}] = true
 	}
 	var list v1alpha1.CacheBackendList
-	if err := c.List(ctx, &list, client.InNamespace(p.Namespace)); err == nil {
+	if err := c.List(ctx, &list); err == nil {
 		for i := range list.Items {
-			if selects(&list.Items[i], p.Labels) {
-				seen[types.NamespacedName{Namespace: p.Namespace, Name: list.Items[i].Name}] = true
+			b := &list.Items[i]
+			if (b.Namespace == p.Namespace || b.Spec.AllowCrossNamespace) && claim.Selects(b.Spec.EngineSelector, p.Labels) {
+				seen[types.NamespacedName{Namespace: b.Namespace, Name: b.Name}] = true
 			}
 		}
 	}

@@ -54,7 +54,26 @@ func (c *ServerClient) Probe(ctx context.Context, req controlapi.ProbeRequest) (
 	if err := json.NewDecoder(io.LimitReader(hresp.Body, maxProbeResponseBytes)).Decode(&resp); err != nil {
 		return resp, fmt.Errorf("cannot decode /probe answer from %s: %w", c.BaseURL, err)
 	}
+	if err := checkProbeAnswer(resp); err != nil {
+		return resp, fmt.Errorf("malformed /probe answer from %s: %w", c.BaseURL, err)
+	}
 	return resp, nil
+}
+
+// checkProbeAnswer refuses an answer whose stage results are not each ok,
+// failed or skipped (contract §4.3): probeVerdict would read one as a pass,
+// and the stage results become metric label values.
+func checkProbeAnswer(resp controlapi.ProbeResponse) error {
+	for _, st := range [...]struct{ stage, result string }{
+		{controlapi.StageIngest, resp.Ingest}, {controlapi.StageRouting, resp.Routing}, {controlapi.StageT2, resp.T2},
+	} {
+		switch st.result {
+		case controlapi.StageOK, controlapi.StageFailed, controlapi.StageSkipped:
+		default:
+			return fmt.Errorf("stage %s has result %q, want ok, failed or skipped", st.stage, st.result)
+		}
+	}
+	return nil
 }
 
 // probeRequest is the /probe body for b (contract §4.3, controller side).

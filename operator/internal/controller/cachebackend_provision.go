@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -135,6 +136,10 @@ func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTe
 	}
 }
 
+// errNotControlled is provision's error for an object of the backend's name
+// that the backend does not control; it is left as it is.
+var errNotControlled = errors.New("not controlled by the CacheBackend")
+
 // provision creates or updates the workload, Service and HPA of a managed
 // backend, each controlled by b, deletes the objects b no longer asks for
 // (the other workload kind, an HPA without autoscaling), and returns the
@@ -142,7 +147,15 @@ func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTe
 func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.CacheBackend) (workloadState, error) {
 	var w workloadState
 	key := types.NamespacedName{Namespace: b.Namespace, Name: b.Name}
-	owned := func(obj client.Object) error { return controllerutil.SetControllerReference(b, obj, r.Client.Scheme()) }
+	owned := func(obj client.Object) error {
+		// An existing object b does not control is someone else's (an
+		// engine Deployment or Service named like the backend): adopting it
+		// would rewrite it and have it garbage-collected with b.
+		if obj.GetResourceVersion() != "" && !metav1.IsControlledBy(obj, b) {
+			return fmt.Errorf("%w: %T %s/%s exists; rename the CacheBackend or that object", errNotControlled, obj, obj.GetNamespace(), obj.GetName())
+		}
+		return controllerutil.SetControllerReference(b, obj, r.Client.Scheme())
+	}
 
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
 	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, svc, func() error {

@@ -1,8 +1,6 @@
 package controller
 
 import (
-	"cmp"
-	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -10,6 +8,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/claim"
 )
 
 // InjectedByAnnotation is the engine pod annotation, "<namespace>/<name>",
@@ -26,19 +25,22 @@ type PodMeta struct {
 // owns them, keyed by "<namespace>/<name>". A replica is the pod named by its
 // replicaId in the namespace named by its tenant. The owner is the backend
 // the pod's inferencecache.io/injected-by annotation names, when it exists;
-// otherwise the first backend by name in the pod's namespace whose non-empty
-// engineSelector.matchLabels the pod's labels include. Replicas whose pod is
+// otherwise its claim.Owner (the first backend by name in the pod's namespace
+// whose non-empty engineSelector.matchLabels the pod's labels include, else
+// the first by namespace and name with allowCrossNamespace; as the pod
+// webhook and the reconciler decide). Replicas whose pod is
 // unknown, or that no backend claims, are left out.
 func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.CacheBackend, pods map[types.NamespacedName]PodMeta) map[string][]*controlapi.ReplicaSnapshot {
 	byKey := make(map[string]*v1alpha1.CacheBackend, len(backends))
-	byNS := map[string][]*v1alpha1.CacheBackend{}
+	byNS := map[string][]v1alpha1.CacheBackend{} // claim.Claimant scans one namespace
+	var cross []v1alpha1.CacheBackend            // those with allowCrossNamespace
 	for i := range backends {
 		b := &backends[i]
 		byKey[b.Namespace+"/"+b.Name] = b
-		byNS[b.Namespace] = append(byNS[b.Namespace], b)
-	}
-	for _, list := range byNS {
-		slices.SortFunc(list, func(a, b *v1alpha1.CacheBackend) int { return cmp.Compare(a.Name, b.Name) })
+		byNS[b.Namespace] = append(byNS[b.Namespace], *b)
+		if b.Spec.AllowCrossNamespace {
+			cross = append(cross, *b)
+		}
 	}
 	out := map[string][]*controlapi.ReplicaSnapshot{}
 	for i := range snap.Replicas {
@@ -53,29 +55,16 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 				continue
 			}
 		}
-		for _, b := range byNS[r.Tenant] {
-			if selects(b, pod.Labels) {
-				key := b.Namespace + "/" + b.Name
-				out[key] = append(out[key], r)
-				break
-			}
+		b := claim.Claimant(byNS[r.Tenant], r.Tenant, pod.Labels)
+		if b == nil {
+			b = claim.Owner(cross, r.Tenant, pod.Labels)
+		}
+		if b != nil {
+			key := b.Namespace + "/" + b.Name
+			out[key] = append(out[key], r)
 		}
 	}
 	return out
-}
-
-// selects reports whether b's non-empty selector matches labels.
-func selects(b *v1alpha1.CacheBackend, labels map[string]string) bool {
-	sel := b.Spec.EngineSelector
-	if sel == nil || len(sel.MatchLabels) == 0 {
-		return false // an empty selector claims nothing
-	}
-	for k, v := range sel.MatchLabels {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }
 
 // Participation aggregates a backend's replicas: the prefix count, the newest

@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/policy"
 )
 
@@ -97,4 +98,31 @@ func TestServerClientErrors(t *testing.T) {
 	if err := c.PushPolicy(ctx, BuildBody(nil, nil)); err == nil {
 		t.Fatal("push to a closed server succeeded")
 	}
+}
+
+// TestServerClientProbeAnswer: a 200 whose stages are not each ok, failed or
+// skipped is an error (it would otherwise pass as ProbeOK and put arbitrary
+// values into the probe metric's result label).
+func TestServerClientProbeAnswer(t *testing.T) {
+	var body atomic.Value // the /probe answer of the next call
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(body.Load().(string)))
+	}))
+	defer srv.Close()
+	c := &ServerClient{BaseURL: srv.URL}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := func(answer string, wantErr bool) {
+		t.Helper()
+		body.Store(answer)
+		_, err := c.Probe(ctx, controlapi.ProbeRequest{Backend: "ns/b", Model: ProbeModel, HashScheme: "vllm"})
+		if (err != nil) != wantErr {
+			t.Errorf("answer %s: error %v, want error %t", answer, err, wantErr)
+		}
+	}
+	f(`{"backend":"ns/b","ingest":"ok","routing":"ok","t2":"skipped"}`, false)
+	f(`{"backend":"ns/b","ingest":"ok","routing":"failed","t2":"skipped","errors":[{"stage":"routing","message":"x"}]}`, false)
+	f(`{}`, true)
+	f(`{"backend":"ns/b","ingest":"ok","routing":"OK","t2":"skipped"}`, true)
+	f(`{"backend":"ns/b","ingest":"passed","routing":"ok","t2":"skipped"}`, true)
 }

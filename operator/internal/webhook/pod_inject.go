@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -13,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/claim"
 )
 
 // The pod webhook fails open (failurePolicy Ignore, short timeout): an engine
@@ -122,9 +122,10 @@ func skip(pod *corev1.Pod) bool {
 }
 
 // backendFor returns the CacheBackend claiming a pod of namespace ns with
-// labels: the first by name in ns whose non-empty engineSelector.matchLabels
-// the labels contain, else the first by (namespace, name) elsewhere that
-// sets allowCrossNamespace; nil when none does.
+// labels, claim.Owner: the first of ns by name whose non-empty
+// engineSelector.matchLabels the labels contain, else the first by
+// (namespace, name) elsewhere that sets allowCrossNamespace; nil when none
+// does. ns's backends are listed first, all only when none of them claims.
 func (p *PodInjector) backendFor(ctx context.Context, ns string, labels map[string]string) (*v1alpha1.CacheBackend, error) {
 	if p.Reader == nil {
 		return nil, ErrNoReader
@@ -133,41 +134,12 @@ func (p *PodInjector) backendFor(ctx context.Context, ns string, labels map[stri
 	if err := p.Reader.List(ctx, &local, client.InNamespace(ns)); err != nil {
 		return nil, fmt.Errorf("cannot list CacheBackends in namespace %q: %w", ns, err)
 	}
-	if cb := firstMatch(local.Items, labels, func(*v1alpha1.CacheBackend) bool { return true }); cb != nil {
+	if cb := claim.Claimant(local.Items, ns, labels); cb != nil {
 		return cb, nil
 	}
 	var all v1alpha1.CacheBackendList
 	if err := p.Reader.List(ctx, &all); err != nil {
 		return nil, fmt.Errorf("cannot list CacheBackends: %w", err)
 	}
-	return firstMatch(all.Items, labels, func(cb *v1alpha1.CacheBackend) bool {
-		return cb.Namespace != ns && cb.Spec.AllowCrossNamespace
-	}), nil
-}
-
-func firstMatch(items []v1alpha1.CacheBackend, labels map[string]string, ok func(*v1alpha1.CacheBackend) bool) *v1alpha1.CacheBackend {
-	slices.SortFunc(items, func(a, b v1alpha1.CacheBackend) int {
-		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-	})
-	for i := range items {
-		cb := &items[i]
-		if ok(cb) && Selects(cb.Spec.EngineSelector, labels) {
-			return cb
-		}
-	}
-	return nil
-}
-
-// Selects reports whether sel claims a pod with labels: every matchLabels
-// pair is present. A nil selector or an empty map claims nothing.
-func Selects(sel *v1alpha1.EngineSelector, labels map[string]string) bool {
-	if sel == nil || len(sel.MatchLabels) == 0 {
-		return false
-	}
-	for k, v := range sel.MatchLabels {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
+	return claim.Owner(all.Items, ns, labels), nil
 }

@@ -41,21 +41,6 @@ func argWith(list []string, prefix string) string {
 	return ""
 }
 
-func TestSelects(t *testing.T) {
-	f := func(sel *v1alpha1.EngineSelector, labels map[string]string, want bool) {
-		t.Helper()
-		if got := Selects(sel, labels); got != want {
-			t.Errorf("Selects(%v, %v) = %v", sel, labels, got)
-		}
-	}
-	f(nil, map[string]string{"a": "1"}, false)
-	f(&v1alpha1.EngineSelector{}, map[string]string{"a": "1"}, false)
-	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{}}, map[string]string{"a": "1"}, false)
-	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"a": "1"}}, map[string]string{"a": "1", "b": "2"}, true)
-	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"a": "1", "c": "3"}}, map[string]string{"a": "1"}, false)
-	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"a": "1"}}, map[string]string{"a": "2"}, false)
-}
-
 func TestInjectVLLMOffload(t *testing.T) {
 	cb := backend("ns", "cb", map[string]string{"app": "e"}, func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "cb.ns.svc:8200" })
 	pod := enginePod(map[string]string{"app": "e"}, "--model=m")

@@ -166,12 +166,23 @@ func startBackendController(t *testing.T, ns string) *backendEnv {
 // do.
 func startBackendControllerResync(t *testing.T, ns string, resync time.Duration) *backendEnv {
 	t.Helper()
-	env := &backendEnv{ns: ns, clock: &testClock{}, probe: startProbeServer(t)}
+	return startBackendControllerIn(t, resync, ns)
+}
+
+// startBackendControllerIn is startBackendControllerResync with the
+// manager's cache covering namespaces (the first is backendEnv.ns).
+func startBackendControllerIn(t *testing.T, resync time.Duration, namespaces ...string) *backendEnv {
+	t.Helper()
+	env := &backendEnv{ns: namespaces[0], clock: &testClock{}, probe: startProbeServer(t)}
+	cached := map[string]cache.Config{}
+	for _, ns := range namespaces {
+		cached[ns] = cache.Config{}
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Cache:                  cache.Options{DefaultNamespaces: cached},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -598,3 +598,213 @@ func TestPromptTemplateRevision(t *testing.T) {
 		return nil
 	})
 }
+
+// TestCacheBackendClaimsFollowTheWebhook: two backends of a namespace select
+// the same engines. The first by name claims them (the pod webhook's rule),
+// so only it counts them in matchedEnginePods, and a replacement of the
+// other one's server rolls no engine Deployment (it still counts as one
+// cascade decision, as metrics.md says of a zero-match cascade).
+func TestCacheBackendClaimsFollowTheWebhook(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-claims", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	labels := map[string]string{"app": "llama"}
+	enginePod(t, ctx, ns, "llama-0", labels, nil)
+	wantOK(t, "deployment", k8s.Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+			},
+		},
+	}))
+	wantOK(t, "backend aaa", k8s.Create(ctx, cbObj(ns, "aaa", "llama", nil)))
+	wantOK(t, "backend lmc", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
+	matched := func(name string, want int32, msg string) {
+		t.Helper()
+		eventually(t, 10*time.Second, func() error {
+			b, err := getBackend(ctx, ns, name)
+			if err != nil {
+				return err
+			}
+			if m := b.Status.MatchedEnginePods; m == nil || *m != want || !strings.Contains(b.Status.EngineSelectorMessage, msg) {
+				return fmt.Errorf("%s: matchedEnginePods %v, engineSelectorMessage %q; want %d, %q", name, m, b.Status.EngineSelectorMessage, want, msg)
+			}
+			return nil
+		})
+	}
+	matched("aaa", 1, "1 pod(s) match app=llama")
+	matched("lmc", 0, "1 more match but another CacheBackend claims them (e.g. "+ns+"/aaa:")
+
+	a := serverPod(t, ns, "lmc", "lmc-a", 0)
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, ns, "lmc")
+		if err != nil {
+			return err
+		}
+		if b.Status.ObservedServerInstance != string(a.UID)+":0" {
+			return fmt.Errorf("observedServerInstance %q", b.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	serverPod(t, ns, "lmc", "lmc-b", 0)
+	eventually(t, 10*time.Second, func() error {
+		if v, _ := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"}); v != 1 {
+			return fmt.Errorf("cascades %v, want 1", v)
+		}
+		return nil
+	})
+	var d appsv1.Deployment
+	wantOK(t, "get llama", k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "llama"}, &d))
+	if v := d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]; v != "" {
+		t.Fatalf("lmc's cascade rolled the engine Deployment aaa claims (trigger %q)", v)
+	}
+}
+
+// TestCacheBackendCrossNamespaceClaims: a backend with allowCrossNamespace
+// claims engine pods of a namespace without a claimant of its own (the pod
+// webhook injects them for it), so it counts them, reports their crash loops
+// and rolls their Deployments when its server is replaced.
+func TestCacheBackendCrossNamespaceClaims(t *testing.T) {
+	ctx := needEnv(t)
+	home := namespace(t, ctx, "cb-cross-home", false)
+	other := namespace(t, ctx, "cb-cross-other", false)
+	startBackendControllerIn(t, 200*time.Millisecond, home, other)
+	setSnapshot(t)
+	labels := map[string]string{"app": "xllama"}
+	pod := enginePod(t, ctx, other, "x-0", labels, map[string]string{controller.InjectedByAnnotation: home + "/shared"})
+	wantOK(t, "deployment", k8s.Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "xllama"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+			},
+		},
+	}))
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(home, "shared", "xllama", func(b *v1alpha1.CacheBackend) { b.Spec.AllowCrossNamespace = true })))
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, home, "shared")
+		if err != nil {
+			return err
+		}
+		if m := b.Status.MatchedEnginePods; m == nil || *m != 1 || b.Status.EngineSelectorMessage != "1 pod(s) match app=xllama" {
+			return fmt.Errorf("matchedEnginePods %v, engineSelectorMessage %q", m, b.Status.EngineSelectorMessage)
+		}
+		return nil
+	})
+
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "engine", Image: "vllm", RestartCount: 4,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+	}}
+	wantOK(t, "pod status", k8s.Status().Update(ctx, pod))
+	b := waitCond(t, ctx, home, "shared", v1alpha1.BackendConditionEngineCompatibility, metav1.ConditionFalse, controller.ReasonInjectedEngineCrashLoop)
+	if c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionEngineCompatibility); !strings.Contains(c.Message, other+"/x-0/engine") {
+		t.Fatalf("message %q does not name the pod", c.Message)
+	}
+
+	a := serverPod(t, home, "shared", "shared-a", 0)
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, home, "shared")
+		if err != nil {
+			return err
+		}
+		if b.Status.ObservedServerInstance != string(a.UID)+":0" {
+			return fmt.Errorf("observedServerInstance %q", b.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	serverPod(t, home, "shared", "shared-b", 0)
+	eventually(t, 10*time.Second, func() error {
+		var d appsv1.Deployment
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: other, Name: "xllama"}, &d); err != nil {
+			return err
+		}
+		if d.Spec.Template.Annotations[controller.RestartTriggerAnnotation] == "" {
+			return fmt.Errorf("the engine Deployment of %s has no restart trigger", other)
+		}
+		return nil
+	})
+}
+
+// TestCacheBackendLeavesForeignObjects: an engine Deployment and Service
+// named like the backend are not adopted (rewritten into the cache server,
+// then garbage-collected with the backend); a Warning Event says why.
+func TestCacheBackendLeavesForeignObjects(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-foreign", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	labels := map[string]string{"app": "llama"}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama"},
+		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "http", Port: 8000}}},
+	}
+	wantOK(t, "service", k8s.Create(ctx, svc))
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "llama", "llama", nil)))
+	eventually(t, 10*time.Second, func() error {
+		var evs eventsv1.EventList
+		if err := k8s.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == "llama" && e.Reason == "ProvisionConflict" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Note, "Service") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no ProvisionConflict Event among %d", len(evs.Items))
+	})
+	var got corev1.Service
+	wantOK(t, "get service", k8s.Get(ctx, client.ObjectKeyFromObject(svc), &got))
+	if len(got.OwnerReferences) != 0 || got.Spec.Selector["app"] != "llama" || len(got.Spec.Selector) != 1 || got.Spec.Ports[0].Port != 8000 {
+		t.Fatalf("the engine Service was taken over: %+v %+v", got.OwnerReferences, got.Spec)
+	}
+}
+
+// TestCacheBackendInstanceClearedWhenUnmanaged: a backend that stops being
+// managed (EventsOnly here) has no server, so observedServerInstance is
+// cleared; back to managed, its new server is a first observation, not a
+// replacement that rolls the engines.
+func TestCacheBackendInstanceClearedWhenUnmanaged(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-unmanaged", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
+	instance := func(want string) {
+		t.Helper()
+		eventually(t, 10*time.Second, func() error {
+			b, err := getBackend(ctx, ns, "lmc")
+			if err != nil {
+				return err
+			}
+			if b.Status.ObservedServerInstance != want {
+				return fmt.Errorf("observedServerInstance %q, want %q", b.Status.ObservedServerInstance, want)
+			}
+			return nil
+		})
+	}
+	a := serverPod(t, ns, "lmc", "lmc-a", 0)
+	instance(string(a.UID) + ":0")
+	setMode := func(m v1alpha1.IntegrationMode) {
+		patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) {
+			b.Spec.Integration = &v1alpha1.CacheBackendIntegration{Mode: m}
+		})
+	}
+	setMode(v1alpha1.IntegrationEventsOnly)
+	instance("")
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	setMode(v1alpha1.IntegrationOffload)
+	b := serverPod(t, ns, "lmc", "lmc-b", 0)
+	instance(string(b.UID) + ":0")
+	if v, ok := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"}); ok || v != 0 {
+		t.Fatalf("cascades %v: the return to managed cascaded", v)
+	}
+}

@@ -1,0 +1,95 @@
+package claim
+
+import (
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+)
+
+func backend(ns, name string, sel map[string]string) v1alpha1.CacheBackend {
+	b := v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if sel != nil {
+		b.Spec.EngineSelector = &v1alpha1.EngineSelector{MatchLabels: sel}
+	}
+	return b
+}
+
+func TestSelects(t *testing.T) {
+	f := func(sel *v1alpha1.EngineSelector, labels map[string]string, want bool) {
+		t.Helper()
+		if got := Selects(sel, labels); got != want {
+			t.Errorf("Selects(%v, %v) = %t, want %t", sel, labels, got, want)
+		}
+	}
+	pod := map[string]string{"app": "vllm", "tier": "a"}
+	f(nil, pod, false)
+	f(&v1alpha1.EngineSelector{}, pod, false)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{}}, pod, false)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "vllm"}}, pod, true)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "vllm", "tier": "b"}}, pod, false)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": ""}}, map[string]string{}, false)
+	f(&v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": ""}}, map[string]string{"app": ""}, true)
+}
+
+func TestClaimant(t *testing.T) {
+	all := []v1alpha1.CacheBackend{
+		backend("ns", "zeta", map[string]string{"app": "vllm"}),
+		backend("other", "alpha", map[string]string{"app": "vllm"}),
+		backend("ns", "beta", map[string]string{"app": "vllm", "tier": "a"}),
+		backend("ns", "aaa-empty", map[string]string{}),
+		backend("ns", "aab-nil", nil),
+	}
+	f := func(ns string, labels map[string]string, want string) {
+		t.Helper()
+		got := ""
+		if c := Claimant(all, ns, labels); c != nil {
+			got = c.Namespace + "/" + c.Name
+		}
+		if got != want {
+			t.Errorf("Claimant(%s, %v) = %q, want %q", ns, labels, got, want)
+		}
+	}
+	f("ns", map[string]string{"app": "vllm", "tier": "a"}, "ns/beta")
+	f("ns", map[string]string{"app": "vllm"}, "ns/zeta")
+	f("ns", map[string]string{"app": "sglang"}, "")
+	f("other", map[string]string{"app": "vllm", "tier": "a"}, "other/alpha")
+	f("third", map[string]string{"app": "vllm"}, "")
+	if all[0].Name != "zeta" {
+		t.Errorf("Claimant reordered its input")
+	}
+	if !Claims(&all[2], all, "ns", map[string]string{"app": "vllm", "tier": "a"}) || Claims(&all[0], all, "ns", map[string]string{"app": "vllm", "tier": "a"}) {
+		t.Errorf("Claims disagrees with Claimant")
+	}
+}
+
+func TestOwner(t *testing.T) {
+	cross := func(b v1alpha1.CacheBackend) v1alpha1.CacheBackend { b.Spec.AllowCrossNamespace = true; return b }
+	all := []v1alpha1.CacheBackend{
+		cross(backend("z-home", "a", map[string]string{"app": "vllm"})),
+		cross(backend("home", "shared", map[string]string{"app": "vllm"})),
+		cross(backend("home", "empty", map[string]string{})),
+		backend("home", "private", map[string]string{"app": "sglang"}),
+		backend("local", "mine", map[string]string{"app": "vllm", "tier": "a"}),
+	}
+	f := func(ns string, labels map[string]string, want string) {
+		t.Helper()
+		got := ""
+		if o := Owner(all, ns, labels); o != nil {
+			got = o.Namespace + "/" + o.Name
+		}
+		if got != want {
+			t.Errorf("Owner(%s, %v) = %q, want %q", ns, labels, got, want)
+		}
+	}
+	f("local", map[string]string{"app": "vllm", "tier": "a"}, "local/mine") // a local claim wins
+	f("local", map[string]string{"app": "vllm"}, "home/shared")             // first (namespace, name) that allows it
+	f("home", map[string]string{"app": "vllm"}, "home/shared")
+	f("z-home", map[string]string{"app": "vllm"}, "z-home/a")
+	f("local", map[string]string{"app": "sglang"}, "") // private does not reach out
+	f("other", map[string]string{}, "")
+	if !Claims(&all[1], all, "local", map[string]string{"app": "vllm"}) || Claims(&all[0], all, "local", map[string]string{"app": "vllm"}) {
+		t.Error("Claims disagrees with Owner")
+	}
+}
