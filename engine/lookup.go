@@ -191,12 +191,8 @@ func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int6
 			next, st = e.step(hint, sc.id, &k, int32(i), ttl, now, res)
 		}
 		if st == stepMissing {
-			off := e.find(t, sc.id, &k)
-			if off == 0 {
+			if next, st = e.stepTable(t, sc.id, &k, int32(i), ttl, now, res); st == stepMissing {
 				return i, true // every running replica lacks this block
-			}
-			if next, st = e.step(off, sc.id, &k, int32(i), ttl, now, res); st == stepMissing {
-				return i, true // removed since the table read
 			}
 		}
 		if st == stepRaced {
@@ -327,8 +323,7 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 					continue
 				}
 			}
-			r.blocks = block
-			res.fin = append(res.fin, *r)
+			res.fin = append(res.fin, runner{rid: r.rid, tier: r.tier, blocks: block, matched: r.matched, oldest: r.oldest})
 		}
 		res.run = run[:w]
 	}
@@ -340,6 +335,28 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 		res.nodes = append(res.nodes, uint64(gen)<<32|uint64(off))
 	}
 	return hint, stepOK
+}
+
+// stepTable is step for block k found through the scope's table: it steps
+// through the first node the table nominates that holds k (find, with
+// step's own check in place of nodeIs, so the node is validated once).
+func (e *Engine) stepTable(t *table, sc uint32, k *key, block int32, ttl, now int64, res *LookupResult) (uint32, int) {
+	th := e.tableHash(k)
+	tag := slotTag(th)
+	i := th & t.mask
+	for n := uint64(0); n <= t.mask; n++ {
+		s := t.slots[i].Load()
+		if s == 0 {
+			return 0, stepMissing
+		}
+		if s&^0xFFFFFFFF == tag {
+			if next, st := e.step(uint32(s), sc, k, block, ttl, now, res); st != stepMissing {
+				return next, st
+			}
+		}
+		i = (i + 1) & t.mask
+	}
+	return 0, stepMissing
 }
 
 // viewMatches is keyMatches over a block view.
@@ -384,6 +401,7 @@ func (e *Engine) scoreRuns(sc *scope, slo int32, counts []int32, ttl, now int64,
 	slots := rt.slots
 	coef := e.sloCoefficient(slo)
 	invTTL := 1 / float64(ttl)
+	loOf, lo := int64(0), 0 // matched > 0 here, so loOf starts unset
 	for i := range res.fin {
 		r := &res.fin[i]
 		if r.matched <= 0 || int(r.rid) >= len(slots) || slots[r.rid] == nil {
@@ -397,13 +415,16 @@ func (e *Engine) scoreRuns(sc *scope, slo int32, counts []int32, ttl, now int64,
 			continue
 		}
 		rep := slots[r.rid]
-		// lower bound of r.matched in ms
-		lo, hi := 0, len(ms)
-		for lo < hi {
-			if m := (lo + hi) >> 1; ms[m] < r.matched {
-				lo = m + 1
-			} else {
-				hi = m
+		// lower bound of r.matched in ms; runners that finished at the
+		// same block (most of them, in groups) share it.
+		if r.matched != loOf {
+			loOf, lo = r.matched, 0
+			for hi := len(ms); lo < hi; {
+				if m := (lo + hi) >> 1; ms[m] < r.matched {
+					lo = m + 1
+				} else {
+					hi = m
+				}
 			}
 		}
 		raw := float64(r.matched) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef)
