@@ -274,7 +274,8 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 				continue
 			}
 			rt := h[hRidTier].Load()
-			res.run = append(res.run, runner{rid: uint16(rt), tier: Tier(rt >> 16), oldest: ts})
+			r := nextOf(&res.run)
+			r.rid, r.tier, r.blocks, r.matched, r.oldest = uint16(rt), Tier(rt>>16), 0, 0, ts
 		}
 	} else {
 		run := res.run
@@ -323,7 +324,8 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 					continue
 				}
 			}
-			res.fin = append(res.fin, runner{rid: r.rid, tier: r.tier, blocks: block, matched: r.matched, oldest: r.oldest})
+			f := nextOf(&res.fin)
+			f.rid, f.tier, f.blocks, f.matched, f.oldest = r.rid, r.tier, block, r.matched, r.oldest
 		}
 		res.run = run[:w]
 	}
@@ -428,14 +430,13 @@ func (e *Engine) scoreRuns(sc *scope, slo int32, counts []int32, ttl, now int64,
 			}
 		}
 		raw := float64(r.matched) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef)
-		res.cand = append(res.cand, candidate{
-			score:   float32(raw * distinguishingPower(len(ms)-lo, total)),
-			matched: clampInt32(r.matched),
-			prob:    float32(fresh),
-			tier:    r.tier,
-			rid:     r.rid,
-			run:     r.blocks,
-		})
+		c := nextOf(&res.cand)
+		c.score = float32(raw * distinguishingPower(len(ms)-lo, total))
+		c.matched = clampInt32(r.matched)
+		c.prob = float32(fresh)
+		c.tier = r.tier
+		c.rid = r.rid
+		c.run = r.blocks
 	}
 	emitRanked(res, rt)
 }
@@ -573,16 +574,28 @@ func emitRanked(res *LookupResult, rt *replicaTable) {
 	res.keys = keys
 	for _, k := range keys {
 		x := &c[uint16(k)]
-		res.Scores = append(res.Scores, Score{
-			ReplicaID:     rt.slots[x.rid].name,
-			Score:         x.score,
-			MatchedTokens: x.matched,
-			Prob:          x.prob,
-			Tier:          x.tier,
-			rid:           x.rid,
-			run:           x.run,
-		})
+		s := nextOf(&res.Scores)
+		s.ReplicaID = rt.slots[x.rid].name
+		s.Score = x.score
+		s.MatchedTokens = x.matched
+		s.Prob = x.prob
+		s.Tier = x.tier
+		s.rid = x.rid
+		s.run = x.run
 	}
+}
+
+// nextOf extends *s by one element and returns it for the caller to fill
+// in, every field. Appending a composite literal instead builds it on the
+// stack and copies it with wide loads that stall on the narrow stores just
+// made (store forwarding), several times the cost on the ranking path.
+func nextOf[T any](s *[]T) *T {
+	n := len(*s)
+	if n == cap(*s) {
+		*s = slices.Grow(*s, 1)
+	}
+	*s = (*s)[:n+1]
+	return &(*s)[n]
 }
 
 // sortSmall sorts s ascending: by insertion for the few dozen values of a
