@@ -288,7 +288,7 @@ func TestCapRecordNeverValidatesALaterLife(t *testing.T) {
 }
 
 // TestCapQueueBuiltNearCap checks that the cap queue costs nothing until
-// the index reaches half its cap, and that a queue built then evicts the
+// the index reaches a quarter of its cap, and that a queue built then evicts the
 // entries the cap order names: the oldest first, across entries written
 // before the queue existed.
 func TestCapQueueBuiltNearCap(t *testing.T) {
@@ -297,13 +297,13 @@ func TestCapQueueBuiltNearCap(t *testing.T) {
 	if q := New(Config{}); q.Memory().QueueBytes != 0 {
 		t.Fatalf("an engine with no cap holds %d queue bytes", q.Memory().QueueBytes)
 	}
-	for i := range 19 {
+	for i := range 9 {
 		x.chain("a", tT+int64(i), 0, uint64(100+i))
 	}
-	if m := e.Memory(); m.QueueBytes != 0 || m.Entries != 19 {
-		t.Fatalf("below half the cap: %d queue bytes, %d entries", m.QueueBytes, m.Entries)
+	if m := e.Memory(); m.QueueBytes != 0 || m.Entries != 9 {
+		t.Fatalf("below a quarter of the cap: %d queue bytes, %d entries", m.QueueBytes, m.Entries)
 	}
-	for i := 19; i < 45; i++ {
+	for i := 9; i < 45; i++ {
 		x.chain("a", tT+int64(i), 0, uint64(100+i))
 	}
 	m := e.Memory()
