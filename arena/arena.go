@@ -110,6 +110,17 @@ func (a *Arena) TryBlock(off uint32) (Block, bool) {
 // the slab's end wraps to its start rather than leave the slab).
 func (b Block) At(k uint32) *atomic.Uint32 { return &b.s[(b.i+k)&slabMask] }
 
+// Words returns words 0..n-1 of the block as a slice, for loops that read
+// many words of one block without re-resolving each index. It reports false
+// when those words would run past the end of the slab: a real block never
+// does, so only a length the caller read along with a torn offset can.
+func (b Block) Words(n uint32) ([]atomic.Uint32, bool) {
+	if uint64(b.i)+uint64(n) > SlabWords {
+		return nil, false
+	}
+	return b.s[b.i : b.i+n : b.i+n], true
+}
+
 // Load returns the value of word k of the block.
 func (b Block) Load(k uint32) uint32 { return b.s[(b.i+k)&slabMask].Load() }
 

@@ -109,3 +109,24 @@ func TestTryBlock(t *testing.T) {
 		t.Fatal("a read past the slab's end did not wrap inside the slab")
 	}
 }
+
+// TestBlockWords pins Words: the slice starts at the block's first word and
+// a length running past the slab's end is refused rather than wrapped.
+func TestBlockWords(t *testing.T) {
+	var a Arena
+	off, _ := a.Alloc(5)
+	for k := uint32(0); k < 5; k++ {
+		a.Word(off + k).Store(100 + k)
+	}
+	ws, ok := a.Block(off).Words(5)
+	if !ok || len(ws) != 5 || cap(ws) != 5 || ws[0].Load() != 100 || ws[4].Load() != 104 {
+		t.Fatalf("Words(5) = len %d, ok %v", len(ws), ok)
+	}
+	end := a.Block(SlabWords - 2)
+	if _, ok := end.Words(2); !ok {
+		t.Fatal("Words up to the slab's last word was refused")
+	}
+	if _, ok := end.Words(3); ok {
+		t.Fatal("Words past the slab's end was accepted")
+	}
+}

@@ -110,8 +110,11 @@ type Engine struct {
 	// reused (see "Scope ids" below).
 	scopes    []*scope
 	freeSlots []freeSlot
-	// capq orders storage entries for cap and byte-budget eviction.
-	capq capQueue
+	// capq orders storage entries for cap and byte-budget eviction. It is
+	// kept only once capOn is set (see enforceCapLocked): an engine with no
+	// cap or budget, or far below them, spends no memory on it.
+	capq  capQueue
+	capOn bool
 	// quotas holds the per-tenant quota queues of tenants with a quota.
 	quotas map[string]*quotaQueue
 	// snap is the policy snapshot the writer last adopted (syncPolicyLocked).

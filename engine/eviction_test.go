@@ -92,7 +92,10 @@ func TestCapEvictionOrder(t *testing.T) {
 		}
 	})
 	t.Run("a byte budget evicts like the cap", func(t *testing.T) {
-		e := New(Config{})
+		// The baseline keeps a cap queue, as the budgeted engine will once
+		// it nears its budget (an engine with no cap keeps none), and
+		// never evicts.
+		e := New(Config{MaxEntries: 150})
 		x := &tix{t: t, e: e}
 		for i := range 100 {
 			x.chain("a", tT+int64(i), 0, uint64(1000+i))
@@ -281,5 +284,36 @@ func TestCapRecordNeverValidatesALaterLife(t *testing.T) {
 	defer e.mu.Unlock()
 	if _, _, _, ok := e.capRecState(rec, tT); ok {
 		t.Fatalf("a cap record of key 01 validates against key 02 in a later life of node %d", off)
+	}
+}
+
+// TestCapQueueBuiltNearCap checks that the cap queue costs nothing until
+// the index reaches a quarter of its cap, and that a queue built then evicts the
+// entries the cap order names: the oldest first, across entries written
+// before the queue existed.
+func TestCapQueueBuiltNearCap(t *testing.T) {
+	e := New(Config{MaxEntries: 40})
+	x := &tix{t: t, e: e}
+	if q := New(Config{}); q.Memory().QueueBytes != 0 {
+		t.Fatalf("an engine with no cap holds %d queue bytes", q.Memory().QueueBytes)
+	}
+	for i := range 9 {
+		x.chain("a", tT+int64(i), 0, uint64(100+i))
+	}
+	if m := e.Memory(); m.QueueBytes != 0 || m.Entries != 9 {
+		t.Fatalf("below a quarter of the cap: %d queue bytes, %d entries", m.QueueBytes, m.Entries)
+	}
+	for i := 9; i < 45; i++ {
+		x.chain("a", tT+int64(i), 0, uint64(100+i))
+	}
+	m := e.Memory()
+	if m.QueueBytes == 0 || m.Entries != 40 {
+		t.Fatalf("at the cap: %d queue bytes, %d entries", m.QueueBytes, m.Entries)
+	}
+	got := e.dump()
+	for i, en := range got {
+		if want := string(h8(uint64(105 + i))); en.key.hash != want {
+			t.Fatalf("entry %d is %x, want %x (the five oldest evicted)", i, en.key.hash, want)
+		}
 	}
 }

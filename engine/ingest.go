@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"math"
 
 	"github.com/inferencecache/inferencecache/policy"
@@ -308,6 +309,9 @@ func (e *Engine) ingestChainLocked(sc *scope, r *replica, p *PrefixEntry, tier T
 	for j, h := range p.BlockHashes {
 		cum += int64(p.BlockTokenCounts[j])
 		k, _ := e.makeKey(h)
+		if j+1 < len(p.BlockHashes) {
+			e.touchSlot(sc, p.BlockHashes[j+1])
+		}
 		off := e.upsertLocked(sc, r, &k, holderWrite{rid: r.id, tokens: clampInt32(cum), tier: tier, ts: ts})
 		if off == 0 {
 			return j, false
@@ -319,6 +323,18 @@ func (e *Engine) ingestChainLocked(sc *scope, r *replica, p *PrefixEntry, tier T
 		prev = off
 	}
 	return len(p.BlockHashes), true
+}
+
+// touchSlot loads the table slot where the next block's search starts, so
+// that its cache miss (table slots are random by design) overlaps the
+// current block's write instead of stalling the next one. The value is
+// discarded; the search proper happens in upsertLocked.
+func (e *Engine) touchSlot(sc *scope, h []byte) {
+	if len(h) != 8 {
+		return
+	}
+	t := sc.table.Load()
+	_ = t.slots[mix64(binary.BigEndian.Uint64(h)^e.seed)&t.mask].Load()
 }
 
 // ingestOneLocked writes one legacy entry and returns its node, or 0.

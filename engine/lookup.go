@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"math"
 	"slices"
 	"sync/atomic"
@@ -169,10 +170,16 @@ const maxWalkRestarts = 16
 // what they were before the step.
 func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int64, res *LookupResult, strict bool) (int, bool) {
 	var hint uint32
+	var k key
 	for i, h := range req.BlockHashes {
-		k, ok := e.makeKey(h)
-		if !ok {
+		// makeKey, inline: a 64-block walk prepares 64 keys.
+		switch {
+		case len(h) == 8:
+			k = key{kind: kindU64, v: binary.BigEndian.Uint64(h)}
+		case len(h) == 0 || len(h) > MaxHashBytes:
 			return i, true
+		default:
+			k = key{kind: kindBytes, b: h}
 		}
 		fin := len(res.fin)
 		if !strict {
@@ -184,12 +191,8 @@ func (e *Engine) walkOnce(t *table, sc *scope, req *LookupRequest, ttl, now int6
 			next, st = e.step(hint, sc.id, &k, int32(i), ttl, now, res)
 		}
 		if st == stepMissing {
-			off := e.find(t, sc.id, &k)
-			if off == 0 {
+			if next, st = e.stepTable(t, sc.id, &k, int32(i), ttl, now, res); st == stepMissing {
 				return i, true // every running replica lacks this block
-			}
-			if next, st = e.step(off, sc.id, &k, int32(i), ttl, now, res); st == stepMissing {
-				return i, true // removed since the table read
 			}
 		}
 		if st == stepRaced {
@@ -222,57 +225,96 @@ const (
 // to res.fin, recording how many blocks they matched. It returns the node's successor hint, and stepRaced
 // when the node's sequence lock shows a concurrent write during the step.
 func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *LookupResult) (uint32, int) {
-	nd := e.arena.Block(off)
-	s1 := nd.Load(nSeq)
+	// A nominated offset is always a node offset (node memory is only ever
+	// reused for nodes), so its words lie in one slab; resolving them once
+	// as a slice saves the per-word slab arithmetic of Block.Load.
+	nw, ok := e.arena.Block(off).Words(nodeWords)
+	if !ok {
+		return 0, stepRaced
+	}
+	nw = nw[:nodeWords]
+	s1 := nw[nSeq].Load()
 	if s1&1 != 0 {
-		var ok bool
 		if s1, ok = e.readSeq(off); !ok {
 			return 0, stepRaced
 		}
 	}
-	meta := nd.Load(nMeta)
-	if !e.viewMatches(nd, meta, sc, k) {
-		if nd.Load(nSeq) != s1 {
+	meta := nw[nMeta].Load()
+	var match bool
+	if k.kind == kindU64 {
+		match = meta&metaLive != 0 && metaKind(meta) == kindU64 && nw[nScope].Load() == sc &&
+			nw[nHashLo].Load() == uint32(k.v) && nw[nHashHi].Load() == uint32(k.v>>32)
+	} else {
+		match = e.viewMatches(e.arena.Block(off), meta, sc, k)
+	}
+	if !match {
+		if nw[nSeq].Load() != s1 {
 			return 0, stepRaced
 		}
 		return 0, stepMissing
 	}
-	count := metaCount(meta)
 	// The holders are read before the window is validated: only from an
-	// allocated slab and no more than the block's class holds, and the
-	// final check rejects whatever a torn view read there.
-	hb, ok := e.arena.TryBlock(nd.Load(nHolders))
+	// allocated slab, no more than the block's class holds and never past
+	// the slab's end (a real block never crosses it), and the final check
+	// rejects whatever a torn view read there.
+	hb, ok := e.arena.TryBlock(nw[nHolders].Load())
 	if !ok || !countFits(meta) {
 		return 0, stepRaced
 	}
+	hs, ok := hb.Words(metaCount(meta) * holderWord)
+	if !ok {
+		return 0, stepRaced
+	}
+	fresh := func(ts int64) bool { return ttl > 0 && now-ts < ttl }
 	if block == 0 {
-		for j := uint32(0); j < count; j++ {
-			h := j * holderWord
-			ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32)
-			if ttl <= 0 || now-ts >= ttl {
+		for j := 0; j+holderWord <= len(hs); j += holderWord {
+			h := hs[j : j+holderWord : j+holderWord]
+			ts := int64(uint64(h[hTsLo].Load()) | uint64(h[hTsHi].Load())<<32)
+			if !fresh(ts) {
 				continue
 			}
-			rt := hb.Load(h + hRidTier)
-			res.run = append(res.run, runner{rid: uint16(rt), tier: Tier(rt >> 16), oldest: ts})
+			rt := h[hRidTier].Load()
+			r := nextOf(&res.run)
+			r.rid, r.tier, r.blocks, r.matched, r.oldest = uint16(rt), Tier(rt>>16), 0, 0, ts
 		}
 	} else {
 		run := res.run
-		w, j := 0, uint32(0)
+		w, j, n := 0, 0, len(hs)
+		// Lockstep: while the node's holders are the running set, runner
+		// i is holder i (both are sorted by replica id), as on every block
+		// of a prefix that the same replicas hold. It leaves off at the
+		// first runner that is not, or whose entry is stale, and the merge
+		// below goes on from there: up to that point it would have kept
+		// every runner and consumed one holder per runner, exactly as here.
+		if n == len(run)*holderWord {
+			for ; w < len(run); w++ {
+				h := hs[j : j+holderWord : j+holderWord]
+				rt := h[hRidTier].Load()
+				ts := int64(uint64(h[hTsLo].Load()) | uint64(h[hTsHi].Load())<<32)
+				r := &run[w]
+				if uint16(rt) != r.rid || !fresh(ts) {
+					break
+				}
+				r.oldest = min(r.oldest, ts)
+				r.tier = coldest(r.tier, Tier(rt>>16))
+				j += holderWord
+			}
+		}
 		// Both lists are sorted by replica id: a merge that loads each
 		// holder's id once.
-		for i := range run {
+		for i := w; i < len(run); i++ {
 			r := &run[i]
 			rid := r.rid
 			var rt uint32
-			h := j * holderWord
-			for ; j < count; j, h = j+1, h+holderWord {
-				if rt = hb.Load(h + hRidTier); uint16(rt) >= rid {
+			for ; j < n; j += holderWord {
+				if rt = hs[j].Load(); uint16(rt) >= rid {
 					break
 				}
 			}
-			if j < count && uint16(rt) == rid {
-				j++
-				if ts := int64(uint64(hb.Load(h+hTsLo)) | uint64(hb.Load(h+hTsHi))<<32); ttl > 0 && now-ts < ttl {
+			if j+holderWord <= n && uint16(rt) == rid {
+				h := hs[j : j+holderWord : j+holderWord]
+				j += holderWord
+				if ts := int64(uint64(h[hTsLo].Load()) | uint64(h[hTsHi].Load())<<32); fresh(ts) {
 					r.oldest = min(r.oldest, ts)
 					r.tier = coldest(r.tier, Tier(rt>>16))
 					if w != i {
@@ -282,19 +324,41 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 					continue
 				}
 			}
-			r.blocks = block
-			res.fin = append(res.fin, *r)
+			f := nextOf(&res.fin)
+			f.rid, f.tier, f.blocks, f.matched, f.oldest = r.rid, r.tier, block, r.matched, r.oldest
 		}
 		res.run = run[:w]
 	}
-	hint, gen := nd.Load(nNext), nd.Load(nGen)
-	if nd.Load(nSeq) != s1 {
+	hint, gen := nw[nNext].Load(), nw[nGen].Load()
+	if nw[nSeq].Load() != s1 {
 		return 0, stepRaced
 	}
 	if res.lfu {
 		res.nodes = append(res.nodes, uint64(gen)<<32|uint64(off))
 	}
 	return hint, stepOK
+}
+
+// stepTable is step for block k found through the scope's table: it steps
+// through the first node the table nominates that holds k (find, with
+// step's own check in place of nodeIs, so the node is validated once).
+func (e *Engine) stepTable(t *table, sc uint32, k *key, block int32, ttl, now int64, res *LookupResult) (uint32, int) {
+	th := e.tableHash(k)
+	tag := slotTag(th)
+	i := th & t.mask
+	for n := uint64(0); n <= t.mask; n++ {
+		s := t.slots[i].Load()
+		if s == 0 {
+			return 0, stepMissing
+		}
+		if s&^0xFFFFFFFF == tag {
+			if next, st := e.step(uint32(s), sc, k, block, ttl, now, res); st != stepMissing {
+				return next, st
+			}
+		}
+		i = (i + 1) & t.mask
+	}
+	return 0, stepMissing
 }
 
 // viewMatches is keyMatches over a block view.
@@ -332,13 +396,14 @@ func (e *Engine) scoreRuns(sc *scope, slo int32, counts []int32, ttl, now int64,
 			ms = append(ms, m)
 		}
 	}
-	slices.Sort(ms)
+	sortSmall(ms)
 	res.matched = ms
 	total := len(sc.sch.serving.Load().ids)
 	rt := sc.d.table()
 	slots := rt.slots
 	coef := e.sloCoefficient(slo)
 	invTTL := 1 / float64(ttl)
+	loOf, lo := int64(0), 0 // matched > 0 here, so loOf starts unset
 	for i := range res.fin {
 		r := &res.fin[i]
 		if r.matched <= 0 || int(r.rid) >= len(slots) || slots[r.rid] == nil {
@@ -352,24 +417,26 @@ func (e *Engine) scoreRuns(sc *scope, slo int32, counts []int32, ttl, now int64,
 			continue
 		}
 		rep := slots[r.rid]
-		// lower bound of r.matched in ms
-		lo, hi := 0, len(ms)
-		for lo < hi {
-			if m := (lo + hi) >> 1; ms[m] < r.matched {
-				lo = m + 1
-			} else {
-				hi = m
+		// lower bound of r.matched in ms; runners that finished at the
+		// same block (most of them, in groups) share it.
+		if r.matched != loOf {
+			loOf, lo = r.matched, 0
+			for hi := len(ms); lo < hi; {
+				if m := (lo + hi) >> 1; ms[m] < r.matched {
+					lo = m + 1
+				} else {
+					hi = m
+				}
 			}
 		}
 		raw := float64(r.matched) * fresh * e.pressureFactor(rep, ttl, now) * (1 + fresh*coef)
-		res.cand = append(res.cand, candidate{
-			score:   float32(raw * distinguishingPower(len(ms)-lo, total)),
-			matched: clampInt32(r.matched),
-			prob:    float32(fresh),
-			tier:    r.tier,
-			rid:     r.rid,
-			run:     r.blocks,
-		})
+		c := nextOf(&res.cand)
+		c.score = float32(raw * distinguishingPower(len(ms)-lo, total))
+		c.matched = clampInt32(r.matched)
+		c.prob = float32(fresh)
+		c.tier = r.tier
+		c.rid = r.rid
+		c.run = r.blocks
 	}
 	emitRanked(res, rt)
 }
@@ -503,19 +570,49 @@ func emitRanked(res *LookupResult, rt *replicaTable) {
 	for i := range c {
 		keys = append(keys, uint64(descFloat32(c[i].score))<<32|uint64(rt.rank[c[i].rid])<<16|uint64(i))
 	}
-	slices.Sort(keys)
+	sortSmall(keys)
 	res.keys = keys
 	for _, k := range keys {
 		x := &c[uint16(k)]
-		res.Scores = append(res.Scores, Score{
-			ReplicaID:     rt.slots[x.rid].name,
-			Score:         x.score,
-			MatchedTokens: x.matched,
-			Prob:          x.prob,
-			Tier:          x.tier,
-			rid:           x.rid,
-			run:           x.run,
-		})
+		s := nextOf(&res.Scores)
+		s.ReplicaID = rt.slots[x.rid].name
+		s.Score = x.score
+		s.MatchedTokens = x.matched
+		s.Prob = x.prob
+		s.Tier = x.tier
+		s.rid = x.rid
+		s.run = x.run
+	}
+}
+
+// nextOf extends *s by one element and returns it for the caller to fill
+// in, every field. Appending a composite literal instead builds it on the
+// stack and copies it with wide loads that stall on the narrow stores just
+// made (store forwarding), several times the cost on the ranking path.
+func nextOf[T any](s *[]T) *T {
+	n := len(*s)
+	if n == cap(*s) {
+		*s = slices.Grow(*s, 1)
+	}
+	*s = (*s)[:n+1]
+	return &(*s)[n]
+}
+
+// sortSmall sorts s ascending: by insertion for the few dozen values of a
+// typical lookup (often nearly sorted already: candidates come in replica
+// order), where it beats the general sort severalfold; by slices.Sort
+// beyond.
+func sortSmall[T int64 | uint64](s []T) {
+	if len(s) > 64 {
+		slices.Sort(s)
+		return
+	}
+	for i := 1; i < len(s); i++ {
+		x, j := s[i], i
+		for ; j > 0 && s[j-1] > x; j-- {
+			s[j] = s[j-1]
+		}
+		s[j] = x
 	}
 }
 

@@ -184,7 +184,7 @@ func (e *Engine) syncPolicyLocked(snap *policy.Snapshot) {
 		t.quota = e.quotas[id]
 		return true
 	})
-	if lost {
+	if lost && e.capOn {
 		e.rebuildCapLocked()
 	}
 }
