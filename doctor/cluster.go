@@ -18,6 +18,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/claim"
 )
 
 // InjectedByAnnotation is the engine pod annotation, "<namespace>/<name>",
@@ -244,14 +245,20 @@ func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.C
 	if !c.podsOK {
 		return
 	}
+	// The controller's claim rule: a pod matched by several backends of its
+	// namespace belongs to the first by name (cross-namespace claims are
+	// left to the controller: the doctor may see one namespace only).
 	matched := map[string]bool{}
 	for _, p := range c.pods {
-		if p.Namespace == b.Namespace && hasLabels(p.Labels, sel) {
+		if p.Namespace != b.Namespace {
+			continue
+		}
+		if owner := claim.Claimant(c.backends, p.Namespace, p.Labels); owner != nil && owner.Name == b.Name {
 			matched[p.Name] = true
 		}
 	}
 	if len(matched) == 0 {
-		fs.add(CodeEnginePods, Warn, obj, "no pod in %s matches engineSelector %s", b.Namespace, formatLabels(sel))
+		fs.add(CodeEnginePods, Warn, obj, "no pod in %s is claimed through engineSelector %s (none matches, or an earlier backend by name claims them)", b.Namespace, formatLabels(sel))
 		return
 	}
 	fs.add(CodeEnginePods, OK, obj, "%s match %s", plural(len(matched), "engine pod"), formatLabels(sel))
@@ -290,15 +297,6 @@ func (c *clusterState) checkParticipation(b *v1alpha1.CacheBackend, obj string, 
 	default:
 		fs.add(CodeParticipation, OK, obj, "%d prefixes (status.indexParticipation)", p.PrefixCount)
 	}
-}
-
-func hasLabels(labels, sel map[string]string) bool {
-	for k, v := range sel {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }
 
 func formatLabels(m map[string]string) string {

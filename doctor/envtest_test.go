@@ -382,6 +382,25 @@ func TestInstallation(t *testing.T) {
 		wantExit(t, r, doctor.ExitWarn)
 	})
 
+	// claimed: two backends select the same engine pod; the controller's claim
+	// rule gives it to the first by name, so only that one counts it.
+	acceptedPolicy(in, t, "claimed")
+	readyBackend(in, t, "claimed", "a-first", engine)
+	readyBackend(in, t, "claimed", "b-second", engine)
+	pod(in, t, "claimed", "engine-0", engine, "")
+	t.Run("a pod two backends select counts for the first by name", func(t *testing.T) {
+		r := doctor.Run(ctxT(t), in.options(t, "claimed"))
+		sev := map[string]doctor.Severity{}
+		for _, f := range r.Findings {
+			if f.Code == doctor.CodeEnginePods {
+				sev[f.Object] = f.Severity
+			}
+		}
+		if sev["cachebackend claimed/a-first"] != doctor.OK || sev["cachebackend claimed/b-second"] != doctor.Warn {
+			t.Errorf("engine-pod findings %v, want a-first OK and b-second WARN", sev)
+		}
+	})
+
 	// policies: a conflicted policy, one never reconciled, and an accepted
 	// one whose push failed.
 	for _, p := range []struct {

@@ -18,7 +18,7 @@ import (
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/inferencecache/operator/internal/claim"
+	"github.com/inferencecache/inferencecache/operator/claim"
 )
 
 // RestartTriggerAnnotation is patched onto the pod template of the engine

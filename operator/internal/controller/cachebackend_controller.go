@@ -24,7 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/inferencecache/operator/internal/claim"
+	"github.com/inferencecache/inferencecache/operator/claim"
 	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 

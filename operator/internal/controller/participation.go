@@ -8,7 +8,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/inferencecache/operator/internal/claim"
+	"github.com/inferencecache/inferencecache/operator/claim"
 )
 
 // InjectedByAnnotation is the engine pod annotation, "<namespace>/<name>",

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/inferencecache/operator/internal/claim"
+	"github.com/inferencecache/inferencecache/operator/claim"
 )
 
 // The pod webhook fails open (failurePolicy Ignore, short timeout): an engine
