@@ -247,7 +247,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		t2Condition(&b, c)
 		engineCompatibility(&b, pods.Items, c)
-		wait, err := r.cascade(ctx, &b, scope, backends.Items, serverPods(&b, pods.Items), now)
+		wait, err := r.cascade(ctx, &b, scope, backends.Items, serverPods(&b, pods.Items), w, now)
 		passErr = err
 		due(wait)
 	}

@@ -525,7 +525,10 @@ func TestCacheBackendRestartCascade(t *testing.T) {
 		})
 	}
 
-	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
+	// Two replicas, as the two server pods below: a pod gone while the
+	// ready ones still cover spec.replicas is a scale-down, not a
+	// replacement (TestCacheBackendScaleIsNoReplacement).
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(2)) })))
 	a := serverPod(t, ns, "lmc", "lmc-a", 0)
 	b := serverPod(t, ns, "lmc", "lmc-b", 2)
 	instance(string(a.UID) + ":0," + string(b.UID) + ":2")
@@ -559,6 +562,101 @@ func TestCacheBackendRestartCascade(t *testing.T) {
 	instance(string(b.UID) + ":3," + string(c.UID) + ":0")
 	if second := trigger("llama"); second == first || second == "" || cascades() != 2 {
 		t.Fatalf("after the window: trigger %q (was %q), cascades %v", second, first, cascades())
+	}
+}
+
+// TestCacheBackendScaleIsNoReplacement: scaling the cache server down and
+// up changes observedServerInstance without a cascade; a replacement after
+// that still cascades.
+func TestCacheBackendScaleIsNoReplacement(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-scale", false)
+	env := startBackendController(t, ns)
+	setSnapshot(t)
+	labels := map[string]string{"app": "llama"}
+	wantOK(t, "engine deployment", k8s.Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+			},
+		},
+	}))
+	trigger := func() string {
+		var d appsv1.Deployment
+		wantOK(t, "get llama", k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "llama"}, &d))
+		return d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]
+	}
+	cascades := func() float64 {
+		v, _ := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"})
+		return v
+	}
+	instance := func(want string) {
+		t.Helper()
+		eventually(t, 10*time.Second, func() error {
+			b, err := getBackend(ctx, ns, "lmc")
+			if err != nil {
+				return err
+			}
+			if b.Status.ObservedServerInstance != want {
+				return fmt.Errorf("observedServerInstance %q, want %q", b.Status.ObservedServerInstance, want)
+			}
+			return nil
+		})
+	}
+	// scale sets spec.replicas and waits until the server Deployment has it.
+	scale := func(n int32) {
+		t.Helper()
+		patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(n) })
+		eventually(t, 10*time.Second, func() error {
+			var d appsv1.Deployment
+			if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "lmc"}, &d); err != nil {
+				return err
+			}
+			if d.Spec.Replicas == nil || *d.Spec.Replicas != n {
+				return fmt.Errorf("server replicas %v, want %d", d.Spec.Replicas, n)
+			}
+			return nil
+		})
+	}
+	quiet := func(what string) {
+		t.Helper()
+		if trigger() != "" || cascades() != 0 {
+			t.Fatalf("%s cascaded: trigger %q, cascades %v", what, trigger(), cascades())
+		}
+	}
+
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(3)) })))
+	a := serverPod(t, ns, "lmc", "lmc-a", 0)
+	b := serverPod(t, ns, "lmc", "lmc-b", 0)
+	c := serverPod(t, ns, "lmc", "lmc-c", 0)
+	instance(string(a.UID) + ":0," + string(b.UID) + ":0," + string(c.UID) + ":0")
+
+	// Scale-down 3 -> 1: two pods go, nothing takes their place.
+	scale(1)
+	wantOK(t, "delete c", k8s.Delete(ctx, c, client.GracePeriodSeconds(0)))
+	wantOK(t, "delete b", k8s.Delete(ctx, b, client.GracePeriodSeconds(0)))
+	instance(string(a.UID) + ":0")
+	env.clock.advance(31 * time.Second) // an open window would not hide a cascade
+	time.Sleep(time.Second)
+	quiet("a scale-down")
+
+	// Scale-up 1 -> 2.
+	scale(2)
+	d := serverPod(t, ns, "lmc", "lmc-d", 0)
+	instance(string(a.UID) + ":0," + string(d.UID) + ":0")
+	time.Sleep(time.Second)
+	quiet("a scale-up")
+
+	// A replacement still cascades: a goes, e takes its place.
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	time.Sleep(500 * time.Millisecond) // a pass sees a gone and e not yet there
+	e := serverPod(t, ns, "lmc", "lmc-e", 0)
+	instance(string(d.UID) + ":0," + string(e.UID) + ":0")
+	if trigger() == "" || cascades() != 1 {
+		t.Fatalf("replacement: trigger %q, cascades %v", trigger(), cascades())
 	}
 }
 
