@@ -182,8 +182,9 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 // triggerEngines patches RestartTriggerAnnotation onto the pod templates of
 // the Deployments in scope (b's namespace, or all with allowCrossNamespace)
 // whose pods b claims (claim.Owner over backends, those of the same scope:
-// the rule the webhook injects by, so a Deployment wired to another backend
-// is not rolled for b's server). The
+// the rule the webhook injects by, so a Deployment wired to another backend,
+// or whose pod template opted out of injection, is not rolled for b's
+// server). The
 // value is derived from the new instance, so a retried cascade does not
 // roll a Deployment a second time.
 func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, instance string) (int, error) {
@@ -205,7 +206,7 @@ func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1
 	n := 0
 	for i := range deps.Items {
 		d := &deps.Items[i]
-		if !claim.Claims(b, backends, d.Namespace, d.Spec.Template.Labels) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
+		if !claim.Claims(b, backends, d.Namespace, d.Spec.Template.Labels, d.Spec.Template.Annotations) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
 			continue
 		}
 		if err := r.Client.Patch(ctx, d, client.RawPatch(types.MergePatchType, patch)); err != nil {

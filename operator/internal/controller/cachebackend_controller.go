@@ -280,6 +280,10 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 type engineMatch struct {
 	claimed  int
 	shadowed int
+	// optedOut counts pods b's selector matches that opted out of injection
+	// (claim.OptedOut): the controller never wires them, so no backend
+	// claims them.
+	optedOut int
 	// shadowedBy names (<ns>/<name>) one backend that claims pods b's
 	// selector matches.
 	shadowedBy string
@@ -288,8 +292,8 @@ type engineMatch struct {
 // matchEngines counts the pods b claims among pods under claim.Owner over
 // backends (those of b's namespace, and of every namespace when b sets
 // allowCrossNamespace; b included): the rule the pod webhook injects by, so
-// matchedEnginePods counts the pods a creation would wire to b. An empty
-// selector claims none.
+// matchedEnginePods counts the pods a creation would wire to b (not those
+// that opted out of injection). An empty selector claims none.
 func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pods []corev1.Pod) engineMatch {
 	var m engineMatch
 	for i := range pods {
@@ -300,7 +304,11 @@ func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, po
 		if p.Namespace != b.Namespace && !b.Spec.AllowCrossNamespace {
 			continue
 		}
-		if o := claim.Owner(backends, p.Namespace, p.Labels); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
+		if claim.OptedOut(p.Labels, p.Annotations) {
+			m.optedOut++
+			continue
+		}
+		if o := claim.Owner(backends, p.Namespace, p.Labels, p.Annotations); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
 			if o != nil {
 				m.shadowed++
 				m.shadowedBy = o.Namespace + "/" + o.Name
@@ -333,6 +341,9 @@ func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
 	if m.shadowed > 0 {
 		msg += fmt.Sprintf("; %d more match but another CacheBackend claims them (e.g. %s: the first by name of the pod's namespace, else by namespace and name with allowCrossNamespace)", m.shadowed, m.shadowedBy)
 	}
+	if m.optedOut > 0 {
+		msg += fmt.Sprintf("; %d more match but opted out of injection (%s: \"false\")", m.optedOut, claim.InjectKey)
+	}
 	return msg
 }
 
@@ -353,12 +364,14 @@ func injectedBy(b *v1alpha1.CacheBackend, p *corev1.Pod) bool {
 }
 
 // engineCompatibility sets EngineCompatibility from the pods injected for
-// b: False while any of them is in CrashLoopBackOff.
+// b, opted-out ones excepted (an annotation copied from an injected pod
+// does not make the controller answerable for them): False while any of
+// them is in CrashLoopBackOff.
 func engineCompatibility(b *v1alpha1.CacheBackend, pods []corev1.Pod, c conds) {
 	var looping []string
 	for i := range pods {
 		p := &pods[i]
-		if !injectedBy(b, p) {
+		if !injectedBy(b, p) || claim.OptedOut(p.Labels, p.Annotations) {
 			continue
 		}
 		for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/claim"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
 )
 
@@ -657,6 +659,80 @@ func TestCacheBackendScaleIsNoReplacement(t *testing.T) {
 	instance(string(d.UID) + ":0," + string(e.UID) + ":0")
 	if trigger() == "" || cascades() != 1 {
 		t.Fatalf("replacement: trigger %q, cascades %v", trigger(), cascades())
+	}
+}
+
+// TestCacheBackendOptedOutPods: pods that opted out of injection
+// (inferencecache.io/inject "false", label or annotation) are not counted in
+// matchedEnginePods, do not turn EngineCompatibility False, and a Deployment
+// whose pod template opted out is not rolled by the restart cascade.
+func TestCacheBackendOptedOutPods(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-optout", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	llama := map[string]string{"app": "llama"}
+	optOut := map[string]string{claim.InjectKey: "false"}
+	enginePod(t, ctx, ns, "llama-0", llama, nil)
+	enginePod(t, ctx, ns, "llama-label", map[string]string{"app": "llama", claim.InjectKey: "false"}, nil)
+	// Opted out by annotation, and carrying an injected-by copied from an
+	// injected pod: it crash-loops, which is not the backend's doing.
+	looping := enginePod(t, ctx, ns, "llama-annotation", llama, map[string]string{claim.InjectKey: "false", controller.InjectedByAnnotation: ns + "/lmc"})
+	looping.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "engine", Image: "vllm", RestartCount: 4,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+	}}
+	wantOK(t, "pod status", k8s.Status().Update(ctx, looping))
+	engineDep := func(name string, annotations map[string]string) {
+		wantOK(t, "deployment "+name, k8s.Create(ctx, &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: appsv1.DeploymentSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: llama},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: llama, Annotations: annotations},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+				},
+			},
+		}))
+	}
+	engineDep("wired", nil)
+	engineDep("unwired", optOut)
+
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
+	b := waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionEngineCompatibility, metav1.ConditionTrue, controller.ReasonInjectedEnginesRunning)
+	if m := b.Status.MatchedEnginePods; m == nil || *m != 1 {
+		t.Fatalf("matchedEnginePods %v, want 1 (the opted-out pods are not claimed)", m)
+	}
+	if msg := b.Status.EngineSelectorMessage; !strings.Contains(msg, "1 pod(s) match app=llama") || !strings.Contains(msg, "2 more match but opted out") {
+		t.Fatalf("engineSelectorMessage %q", msg)
+	}
+
+	a := serverPod(t, ns, "lmc", "lmc-a", 0)
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, ns, "lmc")
+		if err != nil {
+			return err
+		}
+		if b.Status.ObservedServerInstance != string(a.UID)+":0" {
+			return fmt.Errorf("observedServerInstance %q", b.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	serverPod(t, ns, "lmc", "lmc-b", 0)
+	trigger := func(name string) string {
+		var d appsv1.Deployment
+		wantOK(t, "get "+name, k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &d))
+		return d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]
+	}
+	eventually(t, 10*time.Second, func() error {
+		if trigger("wired") == "" {
+			return errors.New("the wired engine Deployment was not rolled")
+		}
+		return nil
+	})
+	if got := trigger("unwired"); got != "" {
+		t.Fatalf("the opted-out Deployment was rolled (%q)", got)
 	}
 }
 
