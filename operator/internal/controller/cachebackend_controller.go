@@ -49,6 +49,12 @@ const (
 	// DefaultMinServerRestartCascadeInterval is the least time between two
 	// restart cascades of one backend.
 	DefaultMinServerRestartCascadeInterval = 30 * time.Second
+	// DefaultProbeTimeout bounds one /probe call, below the server client's
+	// own 10 s: a hanging server holds a reconcile worker no longer.
+	DefaultProbeTimeout = 5 * time.Second
+	// DefaultCacheBackendWorkers is how many backends reconcile at once, so
+	// one backend's slow /probe does not hold up the others' status.
+	DefaultCacheBackendWorkers = 4
 )
 
 // CacheBackendOptions tunes the CacheBackend reconciler; the zero value is
@@ -63,6 +69,12 @@ type CacheBackendOptions struct {
 	// CascadeInterval is the least time between two restart cascades of one
 	// backend (default DefaultMinServerRestartCascadeInterval).
 	CascadeInterval time.Duration
+	// ProbeTimeout bounds one /probe call (default DefaultProbeTimeout).
+	ProbeTimeout time.Duration
+	// Workers is how many CacheBackends reconcile concurrently (default
+	// DefaultCacheBackendWorkers); one backend is never reconciled twice at
+	// once.
+	Workers int
 	// Resync is the longest a backend waits for its next pass (default
 	// DefaultInterval); timers shorter than it fire on time.
 	Resync time.Duration
@@ -74,6 +86,11 @@ type CacheBackendOptions struct {
 }
 
 // CacheBackendReconciler provisions and reports on CacheBackends.
+//
+// Reconcile is safe for concurrent use (Options.Workers passes run at once,
+// never two of one backend): Client, Server and Recorder are, Options is
+// read-only, and the per-backend gates and the metric ledger carry their
+// own locks.
 //
 // Reconcile contract. One work item per CacheBackend, enqueued on any
 // change of the backend (status included: the SnapshotPoller's
@@ -129,6 +146,10 @@ func orDefault(d, def time.Duration) time.Duration {
 
 func (r *CacheBackendReconciler) probeInterval() time.Duration {
 	return orDefault(r.Options.ProbeInterval, DefaultProbeInterval)
+}
+
+func (r *CacheBackendReconciler) probeTimeout() time.Duration {
+	return orDefault(r.Options.ProbeTimeout, DefaultProbeTimeout)
 }
 
 func (r *CacheBackendReconciler) cascadeInterval() time.Duration {
@@ -457,9 +478,13 @@ func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOpt
 		metrics:  m,
 	}
 	opts := controller.Options{SkipNameValidation: ptr(o.SkipNameValidation)}
+	workers := o.Workers
+	if workers <= 0 {
+		workers = DefaultCacheBackendWorkers
+	}
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("cachebackend").
-		WithOptions(opts).
+		WithOptions(controller.Options{SkipNameValidation: opts.SkipNameValidation, MaxConcurrentReconciles: workers}).
 		For(&v1alpha1.CacheBackend{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&appsv1.StatefulSet{}).

@@ -736,6 +736,48 @@ func TestCacheBackendOptedOutPods(t *testing.T) {
 	}
 }
 
+// TestCacheBackendHangingProbe: a server that never answers one backend's
+// /probe holds up neither another backend's status (reconciles run
+// concurrently) nor its own reconcile past the /probe timeout, well below
+// the server client's own timeout.
+func TestCacheBackendHangingProbe(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-hang", false)
+	const probeTimeout = 8 * time.Second
+	env := startBackendControllerWith(t, 200*time.Millisecond, func(o *controller.CacheBackendOptions, s *controller.ServerClient) {
+		o.ProbeTimeout = probeTimeout
+		s.HTTP.Timeout = 5 * time.Minute // not what bounds /probe
+	}, ns)
+	setSnapshot(t)
+	env.probe.hang.Store(ptr(ns + "/hang"))
+	readyGateOff(t, env, "hang", nil)
+	eventually(t, 15*time.Second, func() error {
+		if env.probe.hung.Load() == 0 {
+			return errors.New("the /probe of backend hang has not started")
+		}
+		return nil
+	})
+	hungAt := time.Now()
+
+	// Another backend's whole life to ProbeOK (provisioning, status, its own
+	// /probe) fits well inside the hanging call.
+	readyGateOff(t, env, "fine", nil)
+	waitCond(t, ctx, ns, "fine", v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionTrue, controller.ReasonProbeOK)
+	if took := time.Since(hungAt); took > probeTimeout/2 {
+		t.Fatalf("backend fine reached ProbeOK %v after backend hang's /probe started hanging, want < %v", took, probeTimeout/2)
+	}
+
+	// The hanging call ends at the /probe timeout.
+	b := waitCond(t, ctx, ns, "hang", v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionUnknown, controller.ReasonProbeError)
+	took := time.Since(hungAt)
+	if c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionFunctionalProbeOK); !strings.Contains(c.Message, "/probe timeout") {
+		t.Errorf("ProbeError message %q does not name the /probe timeout", c.Message)
+	}
+	if took < probeTimeout-time.Second || took > probeTimeout+5*time.Second {
+		t.Errorf("the hanging /probe ended after %v, want about %v", took, probeTimeout)
+	}
+}
+
 func TestPromptTemplateRevision(t *testing.T) {
 	ctx := needEnv(t)
 	ns := namespace(t, ctx, "pt-revision", false)
