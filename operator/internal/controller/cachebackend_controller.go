@@ -99,15 +99,16 @@ type CacheBackendOptions struct {
 // and again when a timer is due (KV-gate timeout, probe, pending cascade),
 // at most Resync apart. One pass:
 //
-//  1. a managed backend (Offload, any type but External) gets its
-//     Deployment or StatefulSet, Service and, with autoscaling, HPA, each
-//     controlled by the backend; a backend that is EventsOnly or External
-//     has them deleted;
+//  1. a managed backend (Offload, type LMCache) gets its Deployment or
+//     StatefulSet, Service and, with autoscaling, HPA, each controlled by
+//     the backend; any other backend (EventsOnly; External; SGLangHiCache,
+//     AIBrix, Mooncake, NIXL, which the controller does not run) has them
+//     deleted;
 //  2. status: endpoint, failOpen, observedGeneration, matchedEnginePods and
 //     engineSelectorMessage; the write-once firstAvailableAt and
 //     firstKVEventObservedAt;
-//  3. conditions (see managedConditions, eventsOnlyConditions,
-//     externalConditions): Ready through the KV-event gate, then the /probe
+//  3. conditions (see managedConditions, eventsOnlyConditions (also of the
+//     types not provisioned), externalConditions): Ready through the KV-event gate, then the /probe
 //     gate; T2Degraded; EngineCompatibility;
 //  4. the restart cascade (cascade);
 //  5. one status patch when anything changed, and an Event per condition
@@ -231,7 +232,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 			st.Endpoint = b.Spec.Endpoint
 		}
 		externalConditions(&b, err, c)
-	case classEventsOnly:
+	case classEventsOnly, classSelfRun:
 		if err := r.unprovision(ctx, &b); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -241,6 +242,9 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		g := eventsOnlyConditions(&b, now, c)
 		due(g.wait)
+		if class == classSelfRun {
+			engineCompatibility(&b, pods.Items, c)
+		}
 	default:
 		w, err := r.provision(ctx, &b)
 		if err != nil {

@@ -162,3 +162,26 @@ func TestTemplateRevision(t *testing.T) {
 		t.Fatal("a body change kept the revision")
 	}
 }
+
+// TestClassify: only Offload LMCache (the default type) is provisioned.
+func TestClassify(t *testing.T) {
+	f := func(typ v1alpha1.CacheBackendType, mode v1alpha1.IntegrationMode, want backendClass) {
+		t.Helper()
+		b := &v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{Type: typ}}
+		if mode != "" {
+			b.Spec.Integration = &v1alpha1.CacheBackendIntegration{Mode: mode}
+		}
+		if got := classify(b); got != want {
+			t.Errorf("classify(%q, %q) = %d, want %d", typ, mode, got, want)
+		}
+	}
+	f("", "", classManaged)
+	f(v1alpha1.BackendLMCache, v1alpha1.IntegrationOffload, classManaged)
+	f(v1alpha1.BackendLMCache, v1alpha1.IntegrationEventsOnly, classEventsOnly)
+	f(v1alpha1.BackendSGLangHiCache, "", classSelfRun)
+	f(v1alpha1.BackendAIBrix, v1alpha1.IntegrationOffload, classSelfRun)
+	f(v1alpha1.BackendMooncake, "", classSelfRun)
+	f(v1alpha1.BackendNIXL, "", classSelfRun)
+	f(v1alpha1.BackendNIXL, v1alpha1.IntegrationEventsOnly, classEventsOnly)
+	f(v1alpha1.BackendExternal, v1alpha1.IntegrationEventsOnly, classExternal)
+}

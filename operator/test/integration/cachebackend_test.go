@@ -778,6 +778,65 @@ func TestCacheBackendHangingProbe(t *testing.T) {
 	}
 }
 
+// TestCacheBackendTypesNotProvisioned: only type LMCache gets a cache
+// server. SGLangHiCache (in-engine), AIBrix, Mooncake and NIXL publish
+// Progressing False/NotProvisioned, Ready from the KV-event gate, and
+// EngineCompatibility; a backend switched from LMCache loses its objects.
+func TestCacheBackendTypesNotProvisioned(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-types", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	noObjects := func(name string) error {
+		key := types.NamespacedName{Namespace: ns, Name: name}
+		if err := k8s.Get(ctx, key, &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("%s has a Deployment (%v)", name, err)
+		}
+		if err := k8s.Get(ctx, key, &corev1.Service{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("%s has a Service (%v)", name, err)
+		}
+		return nil
+	}
+	for _, typ := range []v1alpha1.CacheBackendType{v1alpha1.BackendSGLangHiCache, v1alpha1.BackendAIBrix, v1alpha1.BackendMooncake, v1alpha1.BackendNIXL} {
+		name := strings.ToLower(string(typ))
+		wantOK(t, "backend "+name, k8s.Create(ctx, cbObj(ns, name, "llama", func(b *v1alpha1.CacheBackend) { b.Spec.Type = typ })))
+		b := waitCond(t, ctx, ns, name, v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, controller.ReasonNotProvisioned)
+		if c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionProgressing); !strings.Contains(c.Message, string(typ)) {
+			t.Errorf("%s: Progressing message %q does not name the type", name, c.Message)
+		}
+		b = waitCond(t, ctx, ns, name, v1alpha1.BackendConditionReady, metav1.ConditionFalse, controller.ReasonAwaitingFirstKVEvent)
+		eventually(t, 10*time.Second, func() error {
+			if b, err := getBackend(ctx, ns, name); err != nil {
+				return err
+			} else if got := conditionTypes(b); !sameSet(got, "Ready", "Degraded", "Progressing", "EngineCompatibility") {
+				return fmt.Errorf("%s conditions %v", name, got)
+			}
+			return nil
+		})
+		if b.Status.Endpoint != "" || b.Status.FirstAvailableAt == nil {
+			t.Errorf("%s: endpoint %q, firstAvailableAt %v", name, b.Status.Endpoint, b.Status.FirstAvailableAt)
+		}
+		if err := noObjects(name); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// Ready follows the engines' KV events (aibrix is first by name, so it
+	// claims llama-0).
+	enginePod(t, ctx, ns, "llama-0", map[string]string{"app": "llama"}, nil)
+	setSnapshot(t, controlapi.ReplicaSnapshot{ReplicaID: "llama-0", Tenant: ns, PrefixCount: 3, LastEventAt: time.Now().UTC()})
+	waitCond(t, ctx, ns, "aibrix", v1alpha1.BackendConditionReady, metav1.ConditionTrue, controller.ReasonKVEventsObserved)
+
+	// LMCache is provisioned; switched to SGLangHiCache its objects go.
+	wantOK(t, "backend lmc", k8s.Create(ctx, cbObj(ns, "lmc", "other", nil)))
+	eventually(t, 10*time.Second, func() error {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "lmc"}, &appsv1.Deployment{})
+	})
+	patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) { b.Spec.Type = v1alpha1.BackendSGLangHiCache })
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, controller.ReasonNotProvisioned)
+	eventually(t, 10*time.Second, func() error { return noObjects("lmc") })
+}
+
 func TestPromptTemplateRevision(t *testing.T) {
 	ctx := needEnv(t)
 	ns := namespace(t, ctx, "pt-revision", false)
