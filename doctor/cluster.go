@@ -253,7 +253,7 @@ func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.C
 		if p.Namespace != b.Namespace {
 			continue
 		}
-		if owner := claim.Claimant(c.backends, p.Namespace, p.Labels); owner != nil && owner.Name == b.Name {
+		if owner := claim.Claimant(c.backends, p.Namespace, p.Labels, p.Annotations); owner != nil && owner.Name == b.Name {
 			matched[p.Name] = true
 		}
 	}

@@ -401,6 +401,19 @@ func TestInstallation(t *testing.T) {
 		}
 	})
 
+	// optout: the only pod the selector matches opted out of injection, so
+	// the controller's claim rule gives it to no backend.
+	acceptedPolicy(in, t, "optout")
+	readyBackend(in, t, "optout", "cb", engine)
+	pod(in, t, "optout", "engine-0", map[string]string{"app": "engine", "inferencecache.io/inject": "false"}, "")
+	t.Run("an opted-out pod is claimed by no backend", func(t *testing.T) {
+		r := doctor.Run(ctxT(t), in.options(t, "optout"))
+		wantFinding(t, r, doctor.CodeEnginePods, doctor.Warn)
+		if r.Has(doctor.CodeEnginePods, doctor.OK) {
+			t.Error("the opted-out pod was counted")
+		}
+	})
+
 	// policies: a conflicted policy, one never reconciled, and an accepted
 	// one whose push failed.
 	for _, p := range []struct {

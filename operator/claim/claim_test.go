@@ -44,7 +44,7 @@ func TestClaimant(t *testing.T) {
 	f := func(ns string, labels map[string]string, want string) {
 		t.Helper()
 		got := ""
-		if c := Claimant(all, ns, labels); c != nil {
+		if c := Claimant(all, ns, labels, nil); c != nil {
 			got = c.Namespace + "/" + c.Name
 		}
 		if got != want {
@@ -59,7 +59,7 @@ func TestClaimant(t *testing.T) {
 	if all[0].Name != "zeta" {
 		t.Errorf("Claimant reordered its input")
 	}
-	if !Claims(&all[2], all, "ns", map[string]string{"app": "vllm", "tier": "a"}) || Claims(&all[0], all, "ns", map[string]string{"app": "vllm", "tier": "a"}) {
+	if !Claims(&all[2], all, "ns", map[string]string{"app": "vllm", "tier": "a"}, nil) || Claims(&all[0], all, "ns", map[string]string{"app": "vllm", "tier": "a"}, nil) {
 		t.Errorf("Claims disagrees with Claimant")
 	}
 }
@@ -76,7 +76,7 @@ func TestOwner(t *testing.T) {
 	f := func(ns string, labels map[string]string, want string) {
 		t.Helper()
 		got := ""
-		if o := Owner(all, ns, labels); o != nil {
+		if o := Owner(all, ns, labels, nil); o != nil {
 			got = o.Namespace + "/" + o.Name
 		}
 		if got != want {
@@ -89,7 +89,34 @@ func TestOwner(t *testing.T) {
 	f("z-home", map[string]string{"app": "vllm"}, "z-home/a")
 	f("local", map[string]string{"app": "sglang"}, "") // private does not reach out
 	f("other", map[string]string{}, "")
-	if !Claims(&all[1], all, "local", map[string]string{"app": "vllm"}) || Claims(&all[0], all, "local", map[string]string{"app": "vllm"}) {
+	if !Claims(&all[1], all, "local", map[string]string{"app": "vllm"}, nil) || Claims(&all[0], all, "local", map[string]string{"app": "vllm"}, nil) {
 		t.Error("Claims disagrees with Owner")
 	}
+}
+
+// TestOptedOut: a pod with inferencecache.io/inject "false", as a label or
+// an annotation, is claimed by no backend under any of the rules.
+func TestOptedOut(t *testing.T) {
+	cross := backend("home", "shared", map[string]string{"app": "vllm"})
+	cross.Spec.AllowCrossNamespace = true
+	all := []v1alpha1.CacheBackend{backend("ns", "lmc", map[string]string{"app": "vllm"}), cross}
+	f := func(labels, annotations map[string]string, claimed bool) {
+		t.Helper()
+		if got := Claimant(all, "ns", labels, annotations) != nil; got != claimed {
+			t.Errorf("Claimant(%v, %v) claims %t, want %t", labels, annotations, got, claimed)
+		}
+		if got := Owner(all, "other", labels, annotations) != nil; got != claimed {
+			t.Errorf("Owner(other, %v, %v) claims %t, want %t", labels, annotations, got, claimed)
+		}
+		if got := Claims(&all[0], all, "ns", labels, annotations); got != claimed {
+			t.Errorf("Claims(%v, %v) = %t, want %t", labels, annotations, got, claimed)
+		}
+		if got := OptedOut(labels, annotations); got == claimed {
+			t.Errorf("OptedOut(%v, %v) = %t", labels, annotations, got)
+		}
+	}
+	f(map[string]string{"app": "vllm"}, nil, true)
+	f(map[string]string{"app": "vllm", InjectKey: "true"}, map[string]string{InjectKey: "yes"}, true)
+	f(map[string]string{"app": "vllm", InjectKey: "false"}, nil, false)
+	f(map[string]string{"app": "vllm"}, map[string]string{InjectKey: "false"}, false)
 }

@@ -71,45 +71,87 @@ func parseInstance(s string) map[string]int {
 	return out
 }
 
-// replaced reports whether the server went from instance old to now in a
-// way the engines must recover from: a pod of old no longer exists or is
-// terminating (existing lists the uids of the backend's other pods, ready or
-// not), or one of them restarted. Pods only added (a scale-up) are not a replacement.
-func replaced(old, now string, existing map[types.UID]bool) bool {
-	if old == "" || now == "" || old == now {
-		return false
+// instanceStep is what a pass does with the server instance it observed.
+type instanceStep int
+
+const (
+	// instanceRecord publishes the new instance; the engines need nothing
+	// (first observation, scale-up, scale-down, a pod turned unready).
+	instanceRecord instanceStep = iota
+	// instanceHold keeps the old instance: a replacement is under way (a
+	// pod is gone and its successor not ready yet, or a surge pod is up
+	// before the pod it replaces is gone); the pass that sees it complete
+	// compares against the old instance and cascades.
+	instanceHold
+	// instanceReplaced: a pod was replaced or restarted; cascade.
+	instanceReplaced
+)
+
+// judgeInstance decides how the server went from instance old to now
+// (contract §5.4). existing holds the uids of the backend's server pods
+// that are not terminating, ready or not; desired is the replica count the
+// workload asks for. A replacement is a continuing pod whose restart sum
+// grew, or a pod of old that is gone while a pod new to old is ready. A
+// pod only gone is a scale-down when the ready pods still cover desired,
+// else its successor is awaited (hold); a pod only added is a scale-up
+// unless it takes the ready pods beyond desired (a rollout's surge pod:
+// hold until the pod it replaces goes). Scaling to zero and back replaces
+// every pod the engines were connected to, so no ready pod at all holds.
+func judgeInstance(old, now string, existing map[types.UID]bool, desired int32) instanceStep {
+	switch {
+	case now == old:
+		return instanceRecord
+	case now == "":
+		return instanceHold
+	case old == "":
+		return instanceRecord
 	}
-	cur := parseInstance(now)
-	for uid, n := range parseInstance(old) {
-		if !existing[types.UID(uid)] {
-			return true
-		}
+	was, cur := parseInstance(old), parseInstance(now)
+	gone, added := false, false
+	for uid, n := range was {
 		if m, ok := cur[uid]; ok && m > n {
-			return true
+			return instanceReplaced
+		}
+		if !existing[types.UID(uid)] {
+			gone = true
 		}
 	}
-	return false
+	for uid := range cur {
+		if _, ok := was[uid]; !ok {
+			added = true
+		}
+	}
+	switch {
+	case gone && added:
+		return instanceReplaced
+	case gone && len(cur) < int(desired):
+		return instanceHold
+	case added && !gone && len(cur) > int(desired):
+		return instanceHold
+	}
+	return instanceRecord
 }
 
 // cascade maintains status.observedServerInstance of a managed backend and
-// runs the restart cascade when the server was replaced, at most once per
-// CascadeInterval: every engine Deployment whose pods the backend claims
-// (triggerEngines) gets RestartTriggerAnnotation. While the window is
-// closed the old instance is kept, so the pending change cascades once the
-// window opens. It returns how long until a pending cascade is due.
-func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, serverPods []corev1.Pod, now time.Time) (time.Duration, error) {
+// runs the restart cascade when the server was replaced (judgeInstance; w
+// is the workload's state), at most once per CascadeInterval: every engine
+// Deployment whose pods the backend claims (triggerEngines) gets
+// RestartTriggerAnnotation. While the window is closed the old instance is
+// kept, so the pending change cascades once the window opens. It returns
+// how long until a pending cascade is due.
+func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, serverPods []corev1.Pod, w workloadState, now time.Time) (time.Duration, error) {
 	cur := serverInstance(serverPods)
 	old := b.Status.ObservedServerInstance
-	if cur == "" || cur == old {
-		return 0, nil // no ready server: keep the last instance to compare against
-	}
 	existing := make(map[types.UID]bool, len(serverPods))
 	for i := range serverPods {
 		if serverPods[i].DeletionTimestamp == nil { // a terminating pod is on its way out
 			existing[serverPods[i].UID] = true
 		}
 	}
-	if !replaced(old, cur, existing) {
+	switch judgeInstance(old, cur, existing, w.desired) {
+	case instanceHold:
+		return 0, nil // the pod watch brings the pass that completes it
+	case instanceRecord:
 		b.Status.ObservedServerInstance = cur
 		return 0, nil
 	}
@@ -140,8 +182,9 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 // triggerEngines patches RestartTriggerAnnotation onto the pod templates of
 // the Deployments in scope (b's namespace, or all with allowCrossNamespace)
 // whose pods b claims (claim.Owner over backends, those of the same scope:
-// the rule the webhook injects by, so a Deployment wired to another backend
-// is not rolled for b's server). The
+// the rule the webhook injects by, so a Deployment wired to another backend,
+// or whose pod template opted out of injection, is not rolled for b's
+// server). The
 // value is derived from the new instance, so a retried cascade does not
 // roll a Deployment a second time.
 func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, instance string) (int, error) {
@@ -163,7 +206,7 @@ func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1
 	n := 0
 	for i := range deps.Items {
 		d := &deps.Items[i]
-		if !claim.Claims(b, backends, d.Namespace, d.Spec.Template.Labels) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
+		if !claim.Claims(b, backends, d.Namespace, d.Spec.Template.Labels, d.Spec.Template.Annotations) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
 			continue
 		}
 		if err := r.Client.Patch(ctx, d, client.RawPatch(types.MergePatchType, patch)); err != nil {

@@ -29,8 +29,8 @@ const DefaultFirstEventTimeout = 5 * time.Minute
 type backendClass int
 
 const (
-	// classManaged: the controller provisions the server (Offload mode,
-	// any type but External). Publishes every condition.
+	// classManaged: the controller provisions an LMCache server (Offload
+	// mode, type LMCache). Publishes every condition.
 	classManaged backendClass = iota
 	// classEventsOnly: nothing is provisioned; only Ready, Degraded and
 	// Progressing are published, Ready from the KV-event gate.
@@ -38,6 +38,12 @@ const (
 	// classExternal: spec.endpoint names a server the controller does not
 	// run; only Ready and Progressing are published.
 	classExternal
+	// classSelfRun: Offload with a type whose cache the controller does not
+	// run: SGLangHiCache lives inside the engine, AIBrix, Mooncake and NIXL
+	// are run by their own operators. Like EventsOnly, Ready comes from the
+	// KV-event gate; EngineCompatibility is published too, since the pod
+	// webhook still wires the engines' offload arguments.
+	classSelfRun
 )
 
 func classify(b *v1alpha1.CacheBackend) backendClass {
@@ -46,8 +52,10 @@ func classify(b *v1alpha1.CacheBackend) backendClass {
 		return classExternal
 	case b.Spec.Integration != nil && b.Spec.Integration.Mode == v1alpha1.IntegrationEventsOnly:
 		return classEventsOnly
-	default:
+	case b.Spec.Type == "" || b.Spec.Type == v1alpha1.BackendLMCache:
 		return classManaged
+	default:
+		return classSelfRun
 	}
 }
 
@@ -59,6 +67,9 @@ func (c backendClass) published() []string {
 		return []string{v1alpha1.BackendConditionReady, v1alpha1.BackendConditionProgressing}
 	case classEventsOnly:
 		return []string{v1alpha1.BackendConditionReady, v1alpha1.BackendConditionDegraded, v1alpha1.BackendConditionProgressing}
+	case classSelfRun:
+		return []string{v1alpha1.BackendConditionReady, v1alpha1.BackendConditionDegraded, v1alpha1.BackendConditionProgressing,
+			v1alpha1.BackendConditionEngineCompatibility}
 	default:
 		return []string{
 			v1alpha1.BackendConditionReady, v1alpha1.BackendConditionDegraded, v1alpha1.BackendConditionProgressing,
@@ -217,11 +228,25 @@ func managedConditions(b *v1alpha1.CacheBackend, w workloadState, now time.Time,
 	return &g
 }
 
-// eventsOnlyConditions sets Ready, Degraded and Progressing of an
-// EventsOnly backend: nothing is provisioned, so Ready is the KV gate's,
-// clocked from the first reconcile (status.firstAvailableAt).
+// notProvisionedMessage is Progressing's message for a backend the
+// controller runs no server for (classEventsOnly, classSelfRun).
+func notProvisionedMessage(b *v1alpha1.CacheBackend) string {
+	switch {
+	case classify(b) == classEventsOnly:
+		return "EventsOnly backends provision no server"
+	case b.Spec.Type == v1alpha1.BackendSGLangHiCache:
+		return "type SGLangHiCache is not provisioned: the hierarchical cache runs inside the SGLang engines"
+	default:
+		return "type " + string(b.Spec.Type) + " is not provisioned by this controller (only LMCache is): run its cache servers yourself; Ready follows the engines' KV events"
+	}
+}
+
+// eventsOnlyConditions sets Ready, Degraded and Progressing of a backend
+// the controller provisions nothing for (EventsOnly, or a type other than
+// LMCache and External): Ready is the KV gate's, clocked from the first
+// reconcile (status.firstAvailableAt).
 func eventsOnlyConditions(b *v1alpha1.CacheBackend, now time.Time, c conds) kvGate {
-	c.set(v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, ReasonNotProvisioned, "EventsOnly backends provision no server")
+	c.set(v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, ReasonNotProvisioned, notProvisionedMessage(b))
 	g := gate(b, &b.Status, now)
 	if g.ready {
 		c.set(v1alpha1.BackendConditionReady, metav1.ConditionTrue, g.reason, g.msg)

@@ -49,6 +49,12 @@ const (
 	// DefaultMinServerRestartCascadeInterval is the least time between two
 	// restart cascades of one backend.
 	DefaultMinServerRestartCascadeInterval = 30 * time.Second
+	// DefaultProbeTimeout bounds one /probe call, below the server client's
+	// own 10 s: a hanging server holds a reconcile worker no longer.
+	DefaultProbeTimeout = 5 * time.Second
+	// DefaultCacheBackendWorkers is how many backends reconcile at once, so
+	// one backend's slow /probe does not hold up the others' status.
+	DefaultCacheBackendWorkers = 4
 )
 
 // CacheBackendOptions tunes the CacheBackend reconciler; the zero value is
@@ -63,6 +69,12 @@ type CacheBackendOptions struct {
 	// CascadeInterval is the least time between two restart cascades of one
 	// backend (default DefaultMinServerRestartCascadeInterval).
 	CascadeInterval time.Duration
+	// ProbeTimeout bounds one /probe call (default DefaultProbeTimeout).
+	ProbeTimeout time.Duration
+	// Workers is how many CacheBackends reconcile concurrently (default
+	// DefaultCacheBackendWorkers); one backend is never reconciled twice at
+	// once.
+	Workers int
 	// Resync is the longest a backend waits for its next pass (default
 	// DefaultInterval); timers shorter than it fire on time.
 	Resync time.Duration
@@ -75,6 +87,11 @@ type CacheBackendOptions struct {
 
 // CacheBackendReconciler provisions and reports on CacheBackends.
 //
+// Reconcile is safe for concurrent use (Options.Workers passes run at once,
+// never two of one backend): Client, Server and Recorder are, Options is
+// read-only, and the per-backend gates and the metric ledger carry their
+// own locks.
+//
 // Reconcile contract. One work item per CacheBackend, enqueued on any
 // change of the backend (status included: the SnapshotPoller's
 // indexParticipation feeds the KV gate and T2Degraded), of an object it
@@ -82,15 +99,16 @@ type CacheBackendOptions struct {
 // and again when a timer is due (KV-gate timeout, probe, pending cascade),
 // at most Resync apart. One pass:
 //
-//  1. a managed backend (Offload, any type but External) gets its
-//     Deployment or StatefulSet, Service and, with autoscaling, HPA, each
-//     controlled by the backend; a backend that is EventsOnly or External
-//     has them deleted;
+//  1. a managed backend (Offload, type LMCache) gets its Deployment or
+//     StatefulSet, Service and, with autoscaling, HPA, each controlled by
+//     the backend; any other backend (EventsOnly; External; SGLangHiCache,
+//     AIBrix, Mooncake, NIXL, which the controller does not run) has them
+//     deleted;
 //  2. status: endpoint, failOpen, observedGeneration, matchedEnginePods and
 //     engineSelectorMessage; the write-once firstAvailableAt and
 //     firstKVEventObservedAt;
-//  3. conditions (see managedConditions, eventsOnlyConditions,
-//     externalConditions): Ready through the KV-event gate, then the /probe
+//  3. conditions (see managedConditions, eventsOnlyConditions (also of the
+//     types not provisioned), externalConditions): Ready through the KV-event gate, then the /probe
 //     gate; T2Degraded; EngineCompatibility;
 //  4. the restart cascade (cascade);
 //  5. one status patch when anything changed, and an Event per condition
@@ -129,6 +147,10 @@ func orDefault(d, def time.Duration) time.Duration {
 
 func (r *CacheBackendReconciler) probeInterval() time.Duration {
 	return orDefault(r.Options.ProbeInterval, DefaultProbeInterval)
+}
+
+func (r *CacheBackendReconciler) probeTimeout() time.Duration {
+	return orDefault(r.Options.ProbeTimeout, DefaultProbeTimeout)
 }
 
 func (r *CacheBackendReconciler) cascadeInterval() time.Duration {
@@ -210,7 +232,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 			st.Endpoint = b.Spec.Endpoint
 		}
 		externalConditions(&b, err, c)
-	case classEventsOnly:
+	case classEventsOnly, classSelfRun:
 		if err := r.unprovision(ctx, &b); err != nil {
 			return reconcile.Result{}, err
 		}
@@ -220,6 +242,9 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		g := eventsOnlyConditions(&b, now, c)
 		due(g.wait)
+		if class == classSelfRun {
+			engineCompatibility(&b, pods.Items, c)
+		}
 	default:
 		w, err := r.provision(ctx, &b)
 		if err != nil {
@@ -247,7 +272,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		t2Condition(&b, c)
 		engineCompatibility(&b, pods.Items, c)
-		wait, err := r.cascade(ctx, &b, scope, backends.Items, serverPods(&b, pods.Items), now)
+		wait, err := r.cascade(ctx, &b, scope, backends.Items, serverPods(&b, pods.Items), w, now)
 		passErr = err
 		due(wait)
 	}
@@ -280,6 +305,10 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 type engineMatch struct {
 	claimed  int
 	shadowed int
+	// optedOut counts pods b's selector matches that opted out of injection
+	// (claim.OptedOut): the controller never wires them, so no backend
+	// claims them.
+	optedOut int
 	// shadowedBy names (<ns>/<name>) one backend that claims pods b's
 	// selector matches.
 	shadowedBy string
@@ -288,8 +317,8 @@ type engineMatch struct {
 // matchEngines counts the pods b claims among pods under claim.Owner over
 // backends (those of b's namespace, and of every namespace when b sets
 // allowCrossNamespace; b included): the rule the pod webhook injects by, so
-// matchedEnginePods counts the pods a creation would wire to b. An empty
-// selector claims none.
+// matchedEnginePods counts the pods a creation would wire to b (not those
+// that opted out of injection). An empty selector claims none.
 func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pods []corev1.Pod) engineMatch {
 	var m engineMatch
 	for i := range pods {
@@ -300,7 +329,11 @@ func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, po
 		if p.Namespace != b.Namespace && !b.Spec.AllowCrossNamespace {
 			continue
 		}
-		if o := claim.Owner(backends, p.Namespace, p.Labels); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
+		if claim.OptedOut(p.Labels, p.Annotations) {
+			m.optedOut++
+			continue
+		}
+		if o := claim.Owner(backends, p.Namespace, p.Labels, p.Annotations); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
 			if o != nil {
 				m.shadowed++
 				m.shadowedBy = o.Namespace + "/" + o.Name
@@ -333,6 +366,9 @@ func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
 	if m.shadowed > 0 {
 		msg += fmt.Sprintf("; %d more match but another CacheBackend claims them (e.g. %s: the first by name of the pod's namespace, else by namespace and name with allowCrossNamespace)", m.shadowed, m.shadowedBy)
 	}
+	if m.optedOut > 0 {
+		msg += fmt.Sprintf("; %d more match but opted out of injection (%s: \"false\")", m.optedOut, claim.InjectKey)
+	}
 	return msg
 }
 
@@ -353,12 +389,14 @@ func injectedBy(b *v1alpha1.CacheBackend, p *corev1.Pod) bool {
 }
 
 // engineCompatibility sets EngineCompatibility from the pods injected for
-// b: False while any of them is in CrashLoopBackOff.
+// b, opted-out ones excepted (an annotation copied from an injected pod
+// does not make the controller answerable for them): False while any of
+// them is in CrashLoopBackOff.
 func engineCompatibility(b *v1alpha1.CacheBackend, pods []corev1.Pod, c conds) {
 	var looping []string
 	for i := range pods {
 		p := &pods[i]
-		if !injectedBy(b, p) {
+		if !injectedBy(b, p) || claim.OptedOut(p.Labels, p.Annotations) {
 			continue
 		}
 		for _, cs := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
@@ -444,9 +482,13 @@ func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOpt
 		metrics:  m,
 	}
 	opts := controller.Options{SkipNameValidation: ptr(o.SkipNameValidation)}
+	workers := o.Workers
+	if workers <= 0 {
+		workers = DefaultCacheBackendWorkers
+	}
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("cachebackend").
-		WithOptions(opts).
+		WithOptions(controller.Options{SkipNameValidation: opts.SkipNameValidation, MaxConcurrentReconciles: workers}).
 		For(&v1alpha1.CacheBackend{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&appsv1.StatefulSet{}).

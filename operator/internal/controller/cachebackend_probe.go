@@ -168,7 +168,8 @@ func (g *rateGate[T]) forget(key string) {
 
 // probe sets FunctionalProbeOK of a managed backend whose KV gate reports
 // Ready: ProbeBypassed when annotated, otherwise a /probe call at most once
-// per ProbeInterval. It returns when the next call is due (0: none pending).
+// per ProbeInterval, bounded by ProbeTimeout. It returns when the next call
+// is due (0: none pending).
 func (r *CacheBackendReconciler) probe(ctx context.Context, b *v1alpha1.CacheBackend, now time.Time, c conds) time.Duration {
 	key := b.Namespace + "/" + b.Name
 	if b.Annotations[SkipFunctionalProbeAnnotation] == "true" {
@@ -183,8 +184,13 @@ func (r *CacheBackendReconciler) probe(ctx context.Context, b *v1alpha1.CacheBac
 		}
 		return left
 	}
-	resp, err := r.Server.Probe(ctx, probeRequest(b))
+	pctx, cancel := context.WithTimeout(ctx, r.probeTimeout())
+	resp, err := r.Server.Probe(pctx, probeRequest(b))
+	cancel()
 	if err != nil {
+		if pctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (no answer within the %s /probe timeout)", err, r.probeTimeout())
+		}
 		if !stickyProbeFailure(meta.FindStatusCondition(*c.list, v1alpha1.BackendConditionFunctionalProbeOK)) {
 			c.set(v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionUnknown, ReasonProbeError, err.Error())
 		}

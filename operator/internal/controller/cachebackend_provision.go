@@ -253,8 +253,8 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 	return w, nil
 }
 
-// unprovision deletes every object b controls, for a backend that turned
-// External or EventsOnly.
+// unprovision deletes every object b controls, for a backend that is not
+// (or no longer) a managed LMCache one.
 func (r *CacheBackendReconciler) unprovision(ctx context.Context, b *v1alpha1.CacheBackend) error {
 	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
 		if err := r.deleteOwned(ctx, b, obj); err != nil {

@@ -97,7 +97,7 @@ func TestProbeVerdict(t *testing.T) {
 	}
 }
 
-func TestServerInstanceAndReplaced(t *testing.T) {
+func TestServerInstanceAndJudge(t *testing.T) {
 	pod := func(name, uid string, ready bool, restarts ...int32) corev1.Pod {
 		p := corev1.Pod{}
 		p.Name, p.UID = name, types.UID(uid)
@@ -115,22 +115,35 @@ func TestServerInstanceAndReplaced(t *testing.T) {
 	if got != "u1:0,u2:3" {
 		t.Fatalf("serverInstance %q", got)
 	}
-	exist := map[types.UID]bool{"u1": true, "u2": true}
-	for _, tc := range []struct {
-		old, now string
-		want     bool
-	}{
-		{"", "u1:0", false},               // first observation
-		{"u1:0", "u1:0,u2:0", false},      // scale-up
-		{"u1:0,u2:0", "u1:0", false},      // u2 not ready but still there
-		{"u1:0", "u1:1", true},            // restart
-		{"u9:0", "u1:0", true},            // replacement
-		{"u1:0,u2:0", "u2:0,u3:0", false}, // u1 still exists (not ready): exist says so
-	} {
-		if got := replaced(tc.old, tc.now, exist); got != tc.want {
-			t.Errorf("replaced(%q, %q) = %v, want %v", tc.old, tc.now, got, tc.want)
+	// f checks a step from old to now with the non-terminating pods exist
+	// (ready or not) and the workload's desired replica count.
+	f := func(old, now string, exist []types.UID, desired int32, want instanceStep) {
+		t.Helper()
+		m := map[types.UID]bool{}
+		for _, u := range exist {
+			m[u] = true
+		}
+		if got := judgeInstance(old, now, m, desired); got != want {
+			t.Errorf("judgeInstance(%q, %q, %v, %d) = %d, want %d", old, now, exist, desired, got, want)
 		}
 	}
+	f("", "u1:0", []types.UID{"u1"}, 1, instanceRecord)                              // first observation
+	f("u1:0", "u1:0", []types.UID{"u1"}, 1, instanceRecord)                          // unchanged
+	f("u1:0", "u1:0,u2:0", []types.UID{"u1", "u2"}, 2, instanceRecord)               // scale-up
+	f("u1:0,u2:0", "u1:0", []types.UID{"u1"}, 1, instanceRecord)                     // scale-down: u2 gone, desired met
+	f("u1:0,u2:0,u3:0", "u1:0", []types.UID{"u1"}, 1, instanceRecord)                // scale-down by two
+	f("u1:0,u2:0", "u1:0", []types.UID{"u1", "u2"}, 2, instanceRecord)               // u2 not ready but still there
+	f("u1:0", "u1:1", []types.UID{"u1"}, 1, instanceReplaced)                        // restart
+	f("u1:0,u2:0", "u1:0,u2:1", []types.UID{"u1", "u2"}, 1, instanceReplaced)        // restart during a scale-down
+	f("u9:0", "u1:0", []types.UID{"u1"}, 1, instanceReplaced)                        // replacement seen at once
+	f("u1:0,u2:0", "u2:0", []types.UID{"u2"}, 2, instanceHold)                       // u1 gone, its successor not ready yet
+	f("u1:0,u2:0", "u2:0", []types.UID{"u2", "u3"}, 2, instanceHold)                 // successor u3 exists, not ready
+	f("u1:0,u2:0", "u2:0,u3:0", []types.UID{"u2", "u3"}, 2, instanceReplaced)        // ... and is ready: replaced
+	f("u1:0,u2:0", "u1:0,u2:0,u3:0", []types.UID{"u1", "u2", "u3"}, 2, instanceHold) // surge pod of a rollout
+	f("u1:0,u2:0", "u2:0,u3:0", []types.UID{"u2", "u3"}, 2, instanceReplaced)        // ... whose old pod went
+	f("u1:0,u2:0", "u2:0,u3:0", []types.UID{"u1", "u2", "u3"}, 2, instanceRecord)    // u1 only unready: no pod gone
+	f("u1:0", "", nil, 0, instanceHold)                                              // scaled to zero: kept
+	f("u1:0", "u5:0", []types.UID{"u5"}, 1, instanceReplaced)                        // ... and back: every pod replaced
 }
 
 func TestTemplateRevision(t *testing.T) {
@@ -148,4 +161,27 @@ func TestTemplateRevision(t *testing.T) {
 	if TemplateRevision(&a) == TemplateRevision(&c) {
 		t.Fatal("a body change kept the revision")
 	}
+}
+
+// TestClassify: only Offload LMCache (the default type) is provisioned.
+func TestClassify(t *testing.T) {
+	f := func(typ v1alpha1.CacheBackendType, mode v1alpha1.IntegrationMode, want backendClass) {
+		t.Helper()
+		b := &v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{Type: typ}}
+		if mode != "" {
+			b.Spec.Integration = &v1alpha1.CacheBackendIntegration{Mode: mode}
+		}
+		if got := classify(b); got != want {
+			t.Errorf("classify(%q, %q) = %d, want %d", typ, mode, got, want)
+		}
+	}
+	f("", "", classManaged)
+	f(v1alpha1.BackendLMCache, v1alpha1.IntegrationOffload, classManaged)
+	f(v1alpha1.BackendLMCache, v1alpha1.IntegrationEventsOnly, classEventsOnly)
+	f(v1alpha1.BackendSGLangHiCache, "", classSelfRun)
+	f(v1alpha1.BackendAIBrix, v1alpha1.IntegrationOffload, classSelfRun)
+	f(v1alpha1.BackendMooncake, "", classSelfRun)
+	f(v1alpha1.BackendNIXL, "", classSelfRun)
+	f(v1alpha1.BackendNIXL, v1alpha1.IntegrationEventsOnly, classEventsOnly)
+	f(v1alpha1.BackendExternal, v1alpha1.IntegrationEventsOnly, classExternal)
 }

@@ -28,8 +28,9 @@ type PodMeta struct {
 // otherwise its claim.Owner (the first backend by name in the pod's namespace
 // whose non-empty engineSelector.matchLabels the pod's labels include, else
 // the first by namespace and name with allowCrossNamespace; as the pod
-// webhook and the reconciler decide). Replicas whose pod is
-// unknown, or that no backend claims, are left out.
+// webhook and the reconciler decide; a pod that opted out of injection has
+// none). Replicas whose pod is unknown, or that no backend claims, are left
+// out.
 func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.CacheBackend, pods map[types.NamespacedName]PodMeta) map[string][]*controlapi.ReplicaSnapshot {
 	byKey := make(map[string]*v1alpha1.CacheBackend, len(backends))
 	byNS := map[string][]v1alpha1.CacheBackend{} // claim.Claimant scans one namespace
@@ -55,9 +56,9 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 				continue
 			}
 		}
-		b := claim.Claimant(byNS[r.Tenant], r.Tenant, pod.Labels)
+		b := claim.Claimant(byNS[r.Tenant], r.Tenant, pod.Labels, pod.Annotations)
 		if b == nil {
-			b = claim.Owner(cross, r.Tenant, pod.Labels)
+			b = claim.Owner(cross, r.Tenant, pod.Labels, pod.Annotations)
 		}
 		if b != nil {
 			key := b.Namespace + "/" + b.Name

@@ -38,10 +38,12 @@ func TestAttributeReplicas(t *testing.T) {
 		{Namespace: "a", Name: "p2"}: {Labels: map[string]string{"app": "llama"}, Annotations: map[string]string{InjectedByAnnotation: "b/annotated"}},
 		{Namespace: "a", Name: "p3"}: {Labels: map[string]string{"app": "llama"}, Annotations: map[string]string{InjectedByAnnotation: "b/gone"}},
 		{Namespace: "a", Name: "p4"}: {Labels: map[string]string{"app": "other"}},
+		// opted out of injection: no backend claims it
+		{Namespace: "a", Name: "p5"}: {Labels: map[string]string{"app": "llama"}, Annotations: map[string]string{"inferencecache.io/inject": "false"}},
 	}
 	snap := &controlapi.CacheSnapshot{Replicas: []controlapi.ReplicaSnapshot{
 		{Tenant: "a", ReplicaID: "p1"}, {Tenant: "a", ReplicaID: "p2"}, {Tenant: "a", ReplicaID: "p3"},
-		{Tenant: "a", ReplicaID: "p4"}, {Tenant: "a", ReplicaID: "no-pod"}, {Tenant: "", ReplicaID: "p1"},
+		{Tenant: "a", ReplicaID: "p4"}, {Tenant: "a", ReplicaID: "no-pod"}, {Tenant: "", ReplicaID: "p1"}, {Tenant: "a", ReplicaID: "p5"},
 	}}
 	got := AttributeReplicas(snap, backends, pods)
 	ids := func(key string) (out []string) {

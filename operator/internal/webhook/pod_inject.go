@@ -31,7 +31,7 @@ const (
 	AnnotationInjectedBy = "inferencecache.io/injected-by"
 	// LabelInject set to "false" (as a label, or as an annotation) opts a
 	// pod out. As a label the apiserver does not even call the webhook.
-	LabelInject = "inferencecache.io/inject"
+	LabelInject = claim.InjectKey
 	// AnnotationEngineContainer names the engine container; default: the
 	// first container.
 	AnnotationEngineContainer = "inferencecache.io/engine-container"
@@ -93,7 +93,7 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Allowed("")
 	}
 	ns := cmp.Or(pod.Namespace, req.Namespace)
-	cb, err := p.backendFor(ctx, ns, pod.Labels)
+	cb, err := p.backendFor(ctx, ns, pod.Labels, pod.Annotations)
 	if err != nil {
 		log.Error(err, "cannot find the CacheBackend of a pod; admitting it uninjected", "namespace", ns, "pod", cmp.Or(pod.Name, pod.GenerateName))
 		return admission.Allowed("").WithWarnings("inferencecache: not injected (fail open): " + err.Error())
@@ -114,7 +114,7 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 
 // skip reports a pod that opted out or was injected already.
 func skip(pod *corev1.Pod) bool {
-	if pod.Labels[LabelInject] == "false" || pod.Annotations[LabelInject] == "false" {
+	if claim.OptedOut(pod.Labels, pod.Annotations) {
 		return true
 	}
 	_, done := pod.Annotations[AnnotationInjectedBy]
@@ -122,11 +122,11 @@ func skip(pod *corev1.Pod) bool {
 }
 
 // backendFor returns the CacheBackend claiming a pod of namespace ns with
-// labels, claim.Owner: the first of ns by name whose non-empty
+// labels and annotations, claim.Owner: the first of ns by name whose non-empty
 // engineSelector.matchLabels the labels contain, else the first by
 // (namespace, name) elsewhere that sets allowCrossNamespace; nil when none
 // does. ns's backends are listed first, all only when none of them claims.
-func (p *PodInjector) backendFor(ctx context.Context, ns string, labels map[string]string) (*v1alpha1.CacheBackend, error) {
+func (p *PodInjector) backendFor(ctx context.Context, ns string, labels, annotations map[string]string) (*v1alpha1.CacheBackend, error) {
 	if p.Reader == nil {
 		return nil, ErrNoReader
 	}
@@ -134,12 +134,12 @@ func (p *PodInjector) backendFor(ctx context.Context, ns string, labels map[stri
 	if err := p.Reader.List(ctx, &local, client.InNamespace(ns)); err != nil {
 		return nil, fmt.Errorf("cannot list CacheBackends in namespace %q: %w", ns, err)
 	}
-	if cb := claim.Claimant(local.Items, ns, labels); cb != nil {
+	if cb := claim.Claimant(local.Items, ns, labels, annotations); cb != nil {
 		return cb, nil
 	}
 	var all v1alpha1.CacheBackendList
 	if err := p.Reader.List(ctx, &all); err != nil {
 		return nil, fmt.Errorf("cannot list CacheBackends: %w", err)
 	}
-	return claim.Owner(all.Items, ns, labels), nil
+	return claim.Owner(all.Items, ns, labels, annotations), nil
 }

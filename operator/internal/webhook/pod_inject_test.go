@@ -189,7 +189,7 @@ func TestBackendFor(t *testing.T) {
 	)}
 	f := func(ns string, labels map[string]string, want string) {
 		t.Helper()
-		cb, err := p.backendFor(ctx(t), ns, labels)
+		cb, err := p.backendFor(ctx(t), ns, labels, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -207,7 +207,7 @@ func TestBackendFor(t *testing.T) {
 	f("elsewhere", map[string]string{"app": "x"}, "third/aa")
 	f("third", sel, "third/bb")
 
-	if _, err := (&PodInjector{Reader: newClient(t, true)}).backendFor(ctx(t), "ns", sel); err == nil {
+	if _, err := (&PodInjector{Reader: newClient(t, true)}).backendFor(ctx(t), "ns", sel, nil); err == nil {
 		t.Error("list failure not reported")
 	}
 }

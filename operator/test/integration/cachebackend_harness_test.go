@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -98,7 +101,11 @@ type probeServer struct {
 	// /probe answer 503 (an HTTP-level failure). Tests read and set them.
 	calls  atomic.Int64
 	refuse atomic.Bool
-	http   *http.Server
+	// hang names a backend (<ns>/<name>) whose /probe requests get no
+	// answer until the client gives up (or the test ends); hung counts them.
+	hang atomic.Pointer[string]
+	hung atomic.Int64
+	http *http.Server
 }
 
 func startProbeServer(t *testing.T) *probeServer {
@@ -124,6 +131,7 @@ func startProbeServer(t *testing.T) *probeServer {
 		t.Fatal(err)
 	}
 	ps.addr = l.Addr().String()
+	stop := make(chan struct{}) // closed when the test ends: hung requests return
 	ps.http = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/probe" {
 			ps.calls.Add(1)
@@ -131,11 +139,29 @@ func startProbeServer(t *testing.T) *probeServer {
 				http.Error(w, "server draining", http.StatusServiceUnavailable)
 				return
 			}
+			if hang := ps.hang.Load(); hang != nil {
+				body, err := io.ReadAll(io.LimitReader(r.Body, 4<<10))
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+					return
+				}
+				var req controlapi.ProbeRequest
+				if json.Unmarshal(body, &req) == nil && req.Backend == *hang {
+					ps.hung.Add(1)
+					select {
+					case <-r.Context().Done():
+					case <-stop:
+					}
+					return
+				}
+				r.Body = io.NopCloser(bytes.NewReader(body))
+			}
 		}
 		h.ServeHTTP(w, r)
 	})}
 	go func() { _ = ps.http.Serve(l) }()
 	t.Cleanup(func() {
+		close(stop)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = ps.http.Shutdown(ctx)
@@ -173,6 +199,13 @@ func startBackendControllerResync(t *testing.T, ns string, resync time.Duration)
 // manager's cache covering namespaces (the first is backendEnv.ns).
 func startBackendControllerIn(t *testing.T, resync time.Duration, namespaces ...string) *backendEnv {
 	t.Helper()
+	return startBackendControllerWith(t, resync, nil, namespaces...)
+}
+
+// startBackendControllerWith is startBackendControllerIn with tune, when
+// not nil, adjusting the reconciler's options and /probe client first.
+func startBackendControllerWith(t *testing.T, resync time.Duration, tune func(*controller.CacheBackendOptions, *controller.ServerClient), namespaces ...string) *backendEnv {
+	t.Helper()
 	env := &backendEnv{ns: namespaces[0], clock: &testClock{}, probe: startProbeServer(t)}
 	cached := map[string]cache.Config{}
 	for _, ns := range namespaces {
@@ -192,13 +225,17 @@ func startBackendControllerIn(t *testing.T, resync time.Duration, namespaces ...
 		ControllerTokenPath: filepath.Join(tokenDir, "controller"),
 		HTTP:                &http.Client{Timeout: 2 * time.Second, Transport: testNetTransport()},
 	}
-	if err := controller.SetupCacheBackend(mgr, server, controller.CacheBackendOptions{
+	opts := controller.CacheBackendOptions{
 		// ProbeInterval and CascadeInterval keep their production defaults
 		// (30 s), which the tests check on the test clock.
 		Now:                env.clock.Now,
 		Resync:             resync,
 		SkipNameValidation: true,
-	}); err != nil {
+	}
+	if tune != nil {
+		tune(&opts, server)
+	}
+	if err := controller.SetupCacheBackend(mgr, server, opts); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

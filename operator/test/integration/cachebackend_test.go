@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/claim"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
 )
 
@@ -525,7 +527,10 @@ func TestCacheBackendRestartCascade(t *testing.T) {
 		})
 	}
 
-	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
+	// Two replicas, as the two server pods below: a pod gone while the
+	// ready ones still cover spec.replicas is a scale-down, not a
+	// replacement (TestCacheBackendScaleIsNoReplacement).
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(2)) })))
 	a := serverPod(t, ns, "lmc", "lmc-a", 0)
 	b := serverPod(t, ns, "lmc", "lmc-b", 2)
 	instance(string(a.UID) + ":0," + string(b.UID) + ":2")
@@ -560,6 +565,276 @@ func TestCacheBackendRestartCascade(t *testing.T) {
 	if second := trigger("llama"); second == first || second == "" || cascades() != 2 {
 		t.Fatalf("after the window: trigger %q (was %q), cascades %v", second, first, cascades())
 	}
+}
+
+// TestCacheBackendScaleIsNoReplacement: scaling the cache server down and
+// up changes observedServerInstance without a cascade; a replacement after
+// that still cascades.
+func TestCacheBackendScaleIsNoReplacement(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-scale", false)
+	env := startBackendController(t, ns)
+	setSnapshot(t)
+	labels := map[string]string{"app": "llama"}
+	wantOK(t, "engine deployment", k8s.Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+			},
+		},
+	}))
+	trigger := func() string {
+		var d appsv1.Deployment
+		wantOK(t, "get llama", k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "llama"}, &d))
+		return d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]
+	}
+	cascades := func() float64 {
+		v, _ := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"})
+		return v
+	}
+	instance := func(want string) {
+		t.Helper()
+		eventually(t, 10*time.Second, func() error {
+			b, err := getBackend(ctx, ns, "lmc")
+			if err != nil {
+				return err
+			}
+			if b.Status.ObservedServerInstance != want {
+				return fmt.Errorf("observedServerInstance %q, want %q", b.Status.ObservedServerInstance, want)
+			}
+			return nil
+		})
+	}
+	// scale sets spec.replicas and waits until the server Deployment has it.
+	scale := func(n int32) {
+		t.Helper()
+		patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(n) })
+		eventually(t, 10*time.Second, func() error {
+			var d appsv1.Deployment
+			if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "lmc"}, &d); err != nil {
+				return err
+			}
+			if d.Spec.Replicas == nil || *d.Spec.Replicas != n {
+				return fmt.Errorf("server replicas %v, want %d", d.Spec.Replicas, n)
+			}
+			return nil
+		})
+	}
+	quiet := func(what string) {
+		t.Helper()
+		if trigger() != "" || cascades() != 0 {
+			t.Fatalf("%s cascaded: trigger %q, cascades %v", what, trigger(), cascades())
+		}
+	}
+
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(3)) })))
+	a := serverPod(t, ns, "lmc", "lmc-a", 0)
+	b := serverPod(t, ns, "lmc", "lmc-b", 0)
+	c := serverPod(t, ns, "lmc", "lmc-c", 0)
+	instance(string(a.UID) + ":0," + string(b.UID) + ":0," + string(c.UID) + ":0")
+
+	// Scale-down 3 -> 1: two pods go, nothing takes their place.
+	scale(1)
+	wantOK(t, "delete c", k8s.Delete(ctx, c, client.GracePeriodSeconds(0)))
+	wantOK(t, "delete b", k8s.Delete(ctx, b, client.GracePeriodSeconds(0)))
+	instance(string(a.UID) + ":0")
+	env.clock.advance(31 * time.Second) // an open window would not hide a cascade
+	time.Sleep(time.Second)
+	quiet("a scale-down")
+
+	// Scale-up 1 -> 2.
+	scale(2)
+	d := serverPod(t, ns, "lmc", "lmc-d", 0)
+	instance(string(a.UID) + ":0," + string(d.UID) + ":0")
+	time.Sleep(time.Second)
+	quiet("a scale-up")
+
+	// A replacement still cascades: a goes, e takes its place.
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	time.Sleep(500 * time.Millisecond) // a pass sees a gone and e not yet there
+	e := serverPod(t, ns, "lmc", "lmc-e", 0)
+	instance(string(d.UID) + ":0," + string(e.UID) + ":0")
+	if trigger() == "" || cascades() != 1 {
+		t.Fatalf("replacement: trigger %q, cascades %v", trigger(), cascades())
+	}
+}
+
+// TestCacheBackendOptedOutPods: pods that opted out of injection
+// (inferencecache.io/inject "false", label or annotation) are not counted in
+// matchedEnginePods, do not turn EngineCompatibility False, and a Deployment
+// whose pod template opted out is not rolled by the restart cascade.
+func TestCacheBackendOptedOutPods(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-optout", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	llama := map[string]string{"app": "llama"}
+	optOut := map[string]string{claim.InjectKey: "false"}
+	enginePod(t, ctx, ns, "llama-0", llama, nil)
+	enginePod(t, ctx, ns, "llama-label", map[string]string{"app": "llama", claim.InjectKey: "false"}, nil)
+	// Opted out by annotation, and carrying an injected-by copied from an
+	// injected pod: it crash-loops, which is not the backend's doing.
+	looping := enginePod(t, ctx, ns, "llama-annotation", llama, map[string]string{claim.InjectKey: "false", controller.InjectedByAnnotation: ns + "/lmc"})
+	looping.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "engine", Image: "vllm", RestartCount: 4,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+	}}
+	wantOK(t, "pod status", k8s.Status().Update(ctx, looping))
+	engineDep := func(name string, annotations map[string]string) {
+		wantOK(t, "deployment "+name, k8s.Create(ctx, &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: appsv1.DeploymentSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: llama},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: llama, Annotations: annotations},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+				},
+			},
+		}))
+	}
+	engineDep("wired", nil)
+	engineDep("unwired", optOut)
+
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
+	b := waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionEngineCompatibility, metav1.ConditionTrue, controller.ReasonInjectedEnginesRunning)
+	if m := b.Status.MatchedEnginePods; m == nil || *m != 1 {
+		t.Fatalf("matchedEnginePods %v, want 1 (the opted-out pods are not claimed)", m)
+	}
+	if msg := b.Status.EngineSelectorMessage; !strings.Contains(msg, "1 pod(s) match app=llama") || !strings.Contains(msg, "2 more match but opted out") {
+		t.Fatalf("engineSelectorMessage %q", msg)
+	}
+
+	a := serverPod(t, ns, "lmc", "lmc-a", 0)
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, ns, "lmc")
+		if err != nil {
+			return err
+		}
+		if b.Status.ObservedServerInstance != string(a.UID)+":0" {
+			return fmt.Errorf("observedServerInstance %q", b.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
+	serverPod(t, ns, "lmc", "lmc-b", 0)
+	trigger := func(name string) string {
+		var d appsv1.Deployment
+		wantOK(t, "get "+name, k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &d))
+		return d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]
+	}
+	eventually(t, 10*time.Second, func() error {
+		if trigger("wired") == "" {
+			return errors.New("the wired engine Deployment was not rolled")
+		}
+		return nil
+	})
+	if got := trigger("unwired"); got != "" {
+		t.Fatalf("the opted-out Deployment was rolled (%q)", got)
+	}
+}
+
+// TestCacheBackendHangingProbe: a server that never answers one backend's
+// /probe holds up neither another backend's status (reconciles run
+// concurrently) nor its own reconcile past the /probe timeout, well below
+// the server client's own timeout.
+func TestCacheBackendHangingProbe(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-hang", false)
+	const probeTimeout = 8 * time.Second
+	env := startBackendControllerWith(t, 200*time.Millisecond, func(o *controller.CacheBackendOptions, s *controller.ServerClient) {
+		o.ProbeTimeout = probeTimeout
+		s.HTTP.Timeout = 5 * time.Minute // not what bounds /probe
+	}, ns)
+	setSnapshot(t)
+	env.probe.hang.Store(ptr(ns + "/hang"))
+	readyGateOff(t, env, "hang", nil)
+	eventually(t, 15*time.Second, func() error {
+		if env.probe.hung.Load() == 0 {
+			return errors.New("the /probe of backend hang has not started")
+		}
+		return nil
+	})
+	hungAt := time.Now()
+
+	// Another backend's whole life to ProbeOK (provisioning, status, its own
+	// /probe) fits well inside the hanging call.
+	readyGateOff(t, env, "fine", nil)
+	waitCond(t, ctx, ns, "fine", v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionTrue, controller.ReasonProbeOK)
+	if took := time.Since(hungAt); took > probeTimeout/2 {
+		t.Fatalf("backend fine reached ProbeOK %v after backend hang's /probe started hanging, want < %v", took, probeTimeout/2)
+	}
+
+	// The hanging call ends at the /probe timeout.
+	b := waitCond(t, ctx, ns, "hang", v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionUnknown, controller.ReasonProbeError)
+	took := time.Since(hungAt)
+	if c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionFunctionalProbeOK); !strings.Contains(c.Message, "/probe timeout") {
+		t.Errorf("ProbeError message %q does not name the /probe timeout", c.Message)
+	}
+	if took < probeTimeout-time.Second || took > probeTimeout+5*time.Second {
+		t.Errorf("the hanging /probe ended after %v, want about %v", took, probeTimeout)
+	}
+}
+
+// TestCacheBackendTypesNotProvisioned: only type LMCache gets a cache
+// server. SGLangHiCache (in-engine), AIBrix, Mooncake and NIXL publish
+// Progressing False/NotProvisioned, Ready from the KV-event gate, and
+// EngineCompatibility; a backend switched from LMCache loses its objects.
+func TestCacheBackendTypesNotProvisioned(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-types", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	noObjects := func(name string) error {
+		key := types.NamespacedName{Namespace: ns, Name: name}
+		if err := k8s.Get(ctx, key, &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("%s has a Deployment (%v)", name, err)
+		}
+		if err := k8s.Get(ctx, key, &corev1.Service{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("%s has a Service (%v)", name, err)
+		}
+		return nil
+	}
+	for _, typ := range []v1alpha1.CacheBackendType{v1alpha1.BackendSGLangHiCache, v1alpha1.BackendAIBrix, v1alpha1.BackendMooncake, v1alpha1.BackendNIXL} {
+		name := strings.ToLower(string(typ))
+		wantOK(t, "backend "+name, k8s.Create(ctx, cbObj(ns, name, "llama", func(b *v1alpha1.CacheBackend) { b.Spec.Type = typ })))
+		b := waitCond(t, ctx, ns, name, v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, controller.ReasonNotProvisioned)
+		if c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionProgressing); !strings.Contains(c.Message, string(typ)) {
+			t.Errorf("%s: Progressing message %q does not name the type", name, c.Message)
+		}
+		b = waitCond(t, ctx, ns, name, v1alpha1.BackendConditionReady, metav1.ConditionFalse, controller.ReasonAwaitingFirstKVEvent)
+		eventually(t, 10*time.Second, func() error {
+			if b, err := getBackend(ctx, ns, name); err != nil {
+				return err
+			} else if got := conditionTypes(b); !sameSet(got, "Ready", "Degraded", "Progressing", "EngineCompatibility") {
+				return fmt.Errorf("%s conditions %v", name, got)
+			}
+			return nil
+		})
+		if b.Status.Endpoint != "" || b.Status.FirstAvailableAt == nil {
+			t.Errorf("%s: endpoint %q, firstAvailableAt %v", name, b.Status.Endpoint, b.Status.FirstAvailableAt)
+		}
+		if err := noObjects(name); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// Ready follows the engines' KV events (aibrix is first by name, so it
+	// claims llama-0).
+	enginePod(t, ctx, ns, "llama-0", map[string]string{"app": "llama"}, nil)
+	setSnapshot(t, controlapi.ReplicaSnapshot{ReplicaID: "llama-0", Tenant: ns, PrefixCount: 3, LastEventAt: time.Now().UTC()})
+	waitCond(t, ctx, ns, "aibrix", v1alpha1.BackendConditionReady, metav1.ConditionTrue, controller.ReasonKVEventsObserved)
+
+	// LMCache is provisioned; switched to SGLangHiCache its objects go.
+	wantOK(t, "backend lmc", k8s.Create(ctx, cbObj(ns, "lmc", "other", nil)))
+	eventually(t, 10*time.Second, func() error {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "lmc"}, &appsv1.Deployment{})
+	})
+	patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) { b.Spec.Type = v1alpha1.BackendSGLangHiCache })
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, controller.ReasonNotProvisioned)
+	eventually(t, 10*time.Second, func() error { return noObjects("lmc") })
 }
 
 func TestPromptTemplateRevision(t *testing.T) {
