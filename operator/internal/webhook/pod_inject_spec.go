@@ -144,8 +144,9 @@ func EngineArgs(cb *v1alpha1.CacheBackend) (args []string, env []corev1.EnvVar, 
 }
 
 // offloadWiring is the Offload mode's cache connector: LMCache through vLLM's
-// KV connector (remote URL = the backend's endpoint), or SGLang's native
-// hierarchical cache for type SGLangHiCache.
+// KV connector (remote URL = the backend's endpoint) for types LMCache and
+// External, SGLang's native hierarchical cache for type SGLangHiCache, and
+// nothing (a warning) for the other types.
 func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegration) (args []string, env []corev1.EnvVar, warnings []string) {
 	if cb.Spec.Type == v1alpha1.BackendSGLangHiCache {
 		if in.Engine != "sglang" {
@@ -170,6 +171,13 @@ func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegratio
 			}
 		}
 		return args, nil, nil
+	}
+	switch cb.Spec.Type {
+	case "", v1alpha1.BackendLMCache, v1alpha1.BackendExternal:
+	default:
+		// AIBrix, Mooncake, NIXL, ...: the controller neither provisions them
+		// nor knows their connector, so only the KV events are wired.
+		return nil, nil, []string{fmt.Sprintf("inferencecache: the offload connector of type %q is not wired by inferencecache (KV events only); add it with spec.integration.engineOverrides", cb.Spec.Type)}
 	}
 	if in.Engine != "vllm" {
 		return nil, nil, []string{fmt.Sprintf("inferencecache: the LMCache connector is wired for engine vllm only, not %q; no offload wiring injected", in.Engine)}

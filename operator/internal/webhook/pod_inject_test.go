@@ -82,6 +82,26 @@ func TestInjectVLLMOffload(t *testing.T) {
 	}
 }
 
+// A type the controller neither provisions nor knows the connector of gets
+// the KV events only, with a warning, never the LMCache connector.
+func TestInjectUnknownConnectorType(t *testing.T) {
+	for _, typ := range []v1alpha1.CacheBackendType{v1alpha1.BackendAIBrix, v1alpha1.BackendMooncake, v1alpha1.BackendNIXL} {
+		cb := backend("ns", "cb", map[string]string{"app": "e"}, func(cb *v1alpha1.CacheBackend) { cb.Spec.Type = typ })
+		pod := enginePod(map[string]string{"app": "e"})
+		w, changed := Inject(pod, cb, PodInjectorOptions{SubscriberImage: "sub:1"})
+		eng := pod.Spec.Containers[0]
+		if !changed || argWith(eng.Args, "--kv-events-config=") == "" {
+			t.Errorf("%s: KV events not wired: %v", typ, eng.Args)
+		}
+		if argWith(eng.Args, "--kv-transfer-config") != "" || len(eng.Env) != 0 {
+			t.Errorf("%s: connector wired: args %v env %v", typ, eng.Args, eng.Env)
+		}
+		if len(w) != 1 || !strings.Contains(w[0], string(typ)) {
+			t.Errorf("%s: warnings %v", typ, w)
+		}
+	}
+}
+
 func TestInjectEventsOnlySGLang(t *testing.T) {
 	cb := backend("ns", "cb", map[string]string{"app": "e"}, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Integration = &v1alpha1.CacheBackendIntegration{Engine: "sglang", Mode: v1alpha1.IntegrationEventsOnly}
