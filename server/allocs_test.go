@@ -1,9 +1,10 @@
 package server_test
 
 import (
+	"cmp"
 	"context"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +79,7 @@ func TestLookupRouteServerAllocs(t *testing.T) {
 			sites = append(sites, site{fn, d})
 		}
 	}
-	sort.Slice(sites, func(i, j int) bool { return sites[i].n > sites[j].n })
+	slices.SortFunc(sites, func(a, b site) int { return cmp.Compare(b.n, a.n) })
 	per := float64(total) / calls
 	t.Logf("server allocations per LookupRoute: %.2f", per)
 	for _, s := range sites[:min(len(sites), 12)] {
