@@ -332,9 +332,9 @@ func New(cfg Config) (*Server, error) {
 		// Fixed flow-control windows turn off grpc's BDP estimator, which
 		// otherwise sends a PING with the first DATA frame after each ack:
 		// about one extra frame out and one in per unary call at low
-		// concurrency. The sizes are what the estimator grows to on a fast
-		// link (its cap is 16 MiB), so the bound on unread data a client can
-		// push is the same.
+		// concurrency. The connection window is the estimator's cap (16 MiB),
+		// so a client can push no more unread data per connection than
+		// before; one stream gets a quarter of it.
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
 		// Outermost: a handler panic fails its call, not the process.
