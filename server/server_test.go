@@ -459,9 +459,13 @@ func TestPprofFlag(t *testing.T) {
 	}
 }
 
-// TestHealthDuringDrain: the health service turns NOT_SERVING on drain.
+// TestHealthDuringDrain: the health service turns NOT_SERVING on drain, and
+// a client watching health on an open connection hears it while calls are
+// still in flight. (A new Check races the drain's GOAWAY, which refuses new
+// streams, so the watch opened before the drain is the deterministic probe.)
 func TestHealthDuringDrain(t *testing.T) {
 	slow := &slowIndex{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	defer close(slow.release)
 	cfg := testConfig()
 	cfg.WrapIndex = func(ix rpc.Index) rpc.Index { slow.Index = ix; return slow }
 	s := start(t, cfg)
@@ -474,12 +478,23 @@ func TestHealthDuringDrain(t *testing.T) {
 	if r, err := hc.Check(tctx(t), &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("before: %v %v", r, err)
 	}
+	watch, err := hc.Watch(tctx(t), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := watch.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("watch before: %v %v", r, err)
+	}
 	go func() { _, _ = s.cli.LookupRoute(tctx(t), &pb.LookupRouteRequest{ModelId: "slow"}) }()
 	slow.waitEntered(t)
 	s.Stop()
-	waitFor(t, "NOT_SERVING", func() bool {
-		r, err := hc.Check(tctx(t), &healthpb.HealthCheckRequest{})
-		return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_NOT_SERVING
-	})
-	close(slow.release)
+	r, err := watch.Recv()
+	if err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("watch during drain: %v %v", r, err)
+	}
+	select {
+	case <-s.Done():
+		t.Fatal("Run returned with a call in flight")
+	default:
+	}
 }
