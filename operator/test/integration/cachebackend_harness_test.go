@@ -300,6 +300,22 @@ func conditionTypes(b *v1alpha1.CacheBackend) []string {
 	return out
 }
 
+// waitDeploymentReplicas waits until the reconciler has set the backend
+// Deployment's spec.replicas to n.
+func waitDeploymentReplicas(t *testing.T, ctx context.Context, ns, name string, n int32) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		var d appsv1.Deployment
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &d); err != nil {
+			return err
+		}
+		if *d.Spec.Replicas != n {
+			return errNotYet
+		}
+		return nil
+	})
+}
+
 // setDeploymentStatus writes the status a Deployment controller would.
 func setDeploymentStatus(t *testing.T, ctx context.Context, ns, name string, replicas, available int32) {
 	t.Helper()

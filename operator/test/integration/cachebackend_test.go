@@ -228,32 +228,14 @@ func TestCacheBackendReadyReasons(t *testing.T) {
 
 	// One replica of two available: Ready, but Degraded.
 	patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(2)) })
-	eventually(t, 10*time.Second, func() error {
-		var d appsv1.Deployment
-		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "lmc"}, &d); err != nil {
-			return err
-		}
-		if *d.Spec.Replicas != 2 {
-			return errNotYet
-		}
-		return nil
-	})
+	waitDeploymentReplicas(t, ctx, ns, "lmc", 2)
 	setDeploymentStatus(t, ctx, ns, "lmc", 2, 1)
 	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionDegraded, metav1.ConditionTrue, controller.ReasonReplicasUnavailable)
 	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionTrue, controller.ReasonKVEventsObserved)
 
 	// Scaled to zero.
 	patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) { b.Spec.Replicas = ptr(int32(0)) })
-	eventually(t, 10*time.Second, func() error {
-		var d appsv1.Deployment
-		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "lmc"}, &d); err != nil {
-			return err
-		}
-		if *d.Spec.Replicas != 0 {
-			return errNotYet
-		}
-		return nil
-	})
+	waitDeploymentReplicas(t, ctx, ns, "lmc", 0)
 	setDeploymentStatus(t, ctx, ns, "lmc", 0, 0)
 	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionFalse, controller.ReasonScaledToZero)
 	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionDegraded, metav1.ConditionFalse, controller.ReasonNotDegraded)
