@@ -3,9 +3,10 @@ package controller
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
+	"strconv"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,16 +31,26 @@ type PromptTemplateReconciler struct {
 var _ reconcile.Reconciler = (*PromptTemplateReconciler)(nil)
 
 // TemplateRevision is the stable content hash of a PromptTemplate spec: the
-// first 16 hex digits of SHA-256 over the spec's JSON (body, then slots in
-// order, each slot's fields in declaration order). Two specs share a
+// first 16 hex digits of SHA-256 over the body and then each slot's name,
+// type, required flag and description, in order, every string
+// length-prefixed so no two specs share an encoding. Two specs share a
 // revision exactly when their body and slots are equal.
 func TemplateRevision(spec *v1alpha1.PromptTemplateSpec) string {
-	raw, err := json.Marshal(spec)
-	if err != nil {
-		panic("BUG: a PromptTemplateSpec does not encode: " + err.Error())
+	h := sha256.New()
+	field := func(s string) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
 	}
-	sum := sha256.Sum256(raw)
-	return hex.EncodeToString(sum[:8])
+	field(spec.Body)
+	for _, sl := range spec.Slots {
+		field(sl.Name)
+		field(string(sl.Type))
+		field(strconv.FormatBool(sl.Required))
+		field(sl.Description)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // Reconcile runs one pass; see the type's doc.
