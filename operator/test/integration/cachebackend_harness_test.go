@@ -300,6 +300,37 @@ func conditionTypes(b *v1alpha1.CacheBackend) []string {
 	return out
 }
 
+// restartTrigger reads the restart-trigger annotation of an engine
+// Deployment's pod template.
+func restartTrigger(t *testing.T, ctx context.Context, ns, name string) string {
+	t.Helper()
+	var d appsv1.Deployment
+	wantOK(t, "get "+name, k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &d))
+	return d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]
+}
+
+// cascadeCount is the restart-cascade counter of backend ns/name.
+func cascadeCount(ns, name string) float64 {
+	v, _ := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": name, "reason": "server_instance_changed"})
+	return v
+}
+
+// waitServerInstance waits until backend ns/name publishes want as its
+// observedServerInstance.
+func waitServerInstance(t *testing.T, ctx context.Context, ns, name, want string) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		b, err := getBackend(ctx, ns, name)
+		if err != nil {
+			return err
+		}
+		if b.Status.ObservedServerInstance != want {
+			return fmt.Errorf("observedServerInstance %q, want %q", b.Status.ObservedServerInstance, want)
+		}
+		return nil
+	})
+}
+
 // waitDeploymentReplicas waits until the reconciler has set the backend
 // Deployment's spec.replicas to n.
 func waitDeploymentReplicas(t *testing.T, ctx context.Context, ns, name string, n int32) {

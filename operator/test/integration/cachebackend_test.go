@@ -486,27 +486,11 @@ func TestCacheBackendRestartCascade(t *testing.T) {
 	}
 	engineDep("llama", "llama")
 	engineDep("other", "other")
-	trigger := func(name string) string {
-		var d appsv1.Deployment
-		wantOK(t, "get "+name, k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &d))
-		return d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]
-	}
-	cascades := func() float64 {
-		v, _ := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"})
-		return v
-	}
+	trigger := func(name string) string { return restartTrigger(t, ctx, ns, name) }
+	cascades := func() float64 { return cascadeCount(ns, "lmc") }
 	instance := func(want string) {
 		t.Helper()
-		eventually(t, 10*time.Second, func() error {
-			b, err := getBackend(ctx, ns, "lmc")
-			if err != nil {
-				return err
-			}
-			if b.Status.ObservedServerInstance != want {
-				return fmt.Errorf("observedServerInstance %q, want %q", b.Status.ObservedServerInstance, want)
-			}
-			return nil
-		})
+		waitServerInstance(t, ctx, ns, "lmc", want)
 	}
 
 	// Two replicas, as the two server pods below: a pod gone while the
@@ -568,27 +552,11 @@ func TestCacheBackendScaleIsNoReplacement(t *testing.T) {
 			},
 		},
 	}))
-	trigger := func() string {
-		var d appsv1.Deployment
-		wantOK(t, "get llama", k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "llama"}, &d))
-		return d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]
-	}
-	cascades := func() float64 {
-		v, _ := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"})
-		return v
-	}
+	trigger := func() string { return restartTrigger(t, ctx, ns, "llama") }
+	cascades := func() float64 { return cascadeCount(ns, "lmc") }
 	instance := func(want string) {
 		t.Helper()
-		eventually(t, 10*time.Second, func() error {
-			b, err := getBackend(ctx, ns, "lmc")
-			if err != nil {
-				return err
-			}
-			if b.Status.ObservedServerInstance != want {
-				return fmt.Errorf("observedServerInstance %q, want %q", b.Status.ObservedServerInstance, want)
-			}
-			return nil
-		})
+		waitServerInstance(t, ctx, ns, "lmc", want)
 	}
 	// scale sets spec.replicas and waits until the server Deployment has it.
 	scale := func(n int32) {
@@ -702,11 +670,7 @@ func TestCacheBackendOptedOutPods(t *testing.T) {
 	})
 	wantOK(t, "delete a", k8s.Delete(ctx, a, client.GracePeriodSeconds(0)))
 	serverPod(t, ns, "lmc", "lmc-b", 0)
-	trigger := func(name string) string {
-		var d appsv1.Deployment
-		wantOK(t, "get "+name, k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &d))
-		return d.Spec.Template.Annotations[controller.RestartTriggerAnnotation]
-	}
+	trigger := func(name string) string { return restartTrigger(t, ctx, ns, name) }
 	eventually(t, 10*time.Second, func() error {
 		if trigger("wired") == "" {
 			return errors.New("the wired engine Deployment was not rolled")
@@ -1037,16 +1001,7 @@ func TestCacheBackendInstanceClearedWhenUnmanaged(t *testing.T) {
 	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
 	instance := func(want string) {
 		t.Helper()
-		eventually(t, 10*time.Second, func() error {
-			b, err := getBackend(ctx, ns, "lmc")
-			if err != nil {
-				return err
-			}
-			if b.Status.ObservedServerInstance != want {
-				return fmt.Errorf("observedServerInstance %q, want %q", b.Status.ObservedServerInstance, want)
-			}
-			return nil
-		})
+		waitServerInstance(t, ctx, ns, "lmc", want)
 	}
 	a := serverPod(t, ns, "lmc", "lmc-a", 0)
 	instance(string(a.UID) + ":0")
