@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/binary"
 	"math"
 
 	"github.com/inferencecache/inferencecache/policy"
@@ -306,11 +305,17 @@ func (e *Engine) ingestChainLocked(sc *scope, r *replica, p *PrefixEntry, tier T
 	}
 	var cum int64
 	var prev uint32
-	for j, h := range p.BlockHashes {
+	var k, next key
+	for j := range p.BlockHashes {
 		cum += int64(p.BlockTokenCounts[j])
-		k, _ := e.makeKey(h)
+		if j == 0 {
+			k, _ = e.makeKey(p.BlockHashes[0])
+		} else {
+			k = next // its table hash already computed by touchSlot
+		}
 		if j+1 < len(p.BlockHashes) {
-			e.touchSlot(sc, p.BlockHashes[j+1])
+			next, _ = e.makeKey(p.BlockHashes[j+1])
+			e.touchSlot(sc, &next)
 		}
 		off := e.upsertLocked(sc, r, &k, holderWrite{rid: r.id, tokens: clampInt32(cum), tier: tier, ts: ts})
 		if off == 0 {
@@ -325,16 +330,13 @@ func (e *Engine) ingestChainLocked(sc *scope, r *replica, p *PrefixEntry, tier T
 	return len(p.BlockHashes), true
 }
 
-// touchSlot loads the table slot where the next block's search starts, so
-// that its cache miss (table slots are random by design) overlaps the
-// current block's write instead of stalling the next one. The value is
-// discarded; the search proper happens in upsertLocked.
-func (e *Engine) touchSlot(sc *scope, h []byte) {
-	if len(h) != 8 {
-		return
-	}
+// touchSlot loads the table slot where k's search starts, so that its cache
+// miss (table slots are random by design) overlaps the current block's write
+// instead of stalling the next one. The value is discarded; the search proper
+// happens in upsertLocked, which reuses the table hash cached in k.
+func (e *Engine) touchSlot(sc *scope, k *key) {
 	t := sc.table.Load()
-	_ = t.slots[mix64(binary.BigEndian.Uint64(h)^e.seed)&t.mask].Load()
+	_ = t.slots[e.tableHash(k)&t.mask].Load()
 }
 
 // ingestOneLocked writes one legacy entry and returns its node, or 0.
