@@ -38,8 +38,11 @@ func tokenChain(toks []uint32) ([][]byte, []int32) {
 // reasonEnv builds the shared fixture of TestLookupRouteReasonCodes: the
 // policies below, the standard data set under each tenant, token-derived
 // chains for r5, and an adapter-partitioned replica.
-func reasonEnv(t *testing.T, load bool) *env {
-	env := newEnv(t, envOpts{load: load})
+func reasonEnv(t *testing.T, load bool) *env { return reasonEnvAt(t, load, nil) }
+
+// reasonEnvAt is reasonEnv with the service clock now (nil: the wall clock).
+func reasonEnvAt(t *testing.T, load bool, now func() time.Time) *env {
+	env := newEnv(t, envOpts{load: load, now: now})
 	no, yes := ptr(false), ptr(true)
 	env.policies(t,
 		policy.ResolvedPolicy{Namespace: "noaff", AffinityRouting: no, MinimumMatchedTokens: 64},
@@ -60,13 +63,13 @@ func reasonEnv(t *testing.T, load bool) *env {
 	env.seedModel(t, "timeout", slowModel)
 	env.seedModel(t, "team", slowModel)
 	th, tc := tokenChain(tokens(0, 128))
-	now := time.Now().UnixMicro()
+	nowUs := time.Now().UnixMicro()
 	for _, tenant := range []string{"tok", "nochain"} {
-		env.report(t, &pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: "r5", TimestampUs: now,
+		env.report(t, &pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: "r5", TimestampUs: nowUs,
 			Prefixes: []*pb.PrefixEntry{{BlockHashes: th, BlockTokenCounts: tc}}})
 	}
 	a, ac := chainOf(chainA, 8)
-	env.report(t, &pb.CacheStateUpdate{TenantId: "lora", ModelId: model, HashScheme: scheme, ReplicaId: "r1", TimestampUs: now,
+	env.report(t, &pb.CacheStateUpdate{TenantId: "lora", ModelId: model, HashScheme: scheme, ReplicaId: "r1", TimestampUs: nowUs,
 		AdapterId: "lora1", Prefixes: []*pb.PrefixEntry{{BlockHashes: a, BlockTokenCounts: ac}}})
 	return env
 }
@@ -214,6 +217,10 @@ func testReasonCodes(t *testing.T, load bool) {
 			}()}},
 		{name: "prompt_text fails open without a tokenizer", req: req("team", func(r *pb.LookupRouteRequest) { r.PromptText = "hello"; r.AdapterId = "x" }), reason: rpc.ReasonNoHint, noIndex: true},
 	}
+	stream, err := env.client.LookupRouteStream(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			before, lookups := env.obs.len(), env.slow.count()
@@ -252,11 +259,43 @@ func testReasonCodes(t *testing.T, load bool) {
 			if tc.check != nil {
 				tc.check(t, resp)
 			}
+			// The same request on the long-lived stream gets the same
+			// answer, through the same steps (scores decay with the wall
+			// clock in between; TestLookupRouteStreamMatchesUnary compares
+			// exactly, on a frozen clock).
+			before, lookups = env.obs.len(), env.slow.count()
+			streamed := streamLookup(t, stream, tc.req)
+			if !sameAnswer(streamed, resp) {
+				t.Fatalf("LookupRouteStream answered %v, LookupRoute %v", streamed, resp)
+			}
+			if tc.noIndex != (env.slow.count() == lookups) || env.obs.len() != before+1 {
+				t.Fatalf("streamed: index consulted = %v, observer calls = %d", env.slow.count() != lookups, env.obs.len()-before)
+			}
 		})
 	}
-	if n := env.svc.PromptTextFailOpens(); n != 1 {
-		t.Fatalf("PromptTextFailOpens = %d, want 1", n)
+	if n := env.svc.PromptTextFailOpens(); n != 2 {
+		t.Fatalf("PromptTextFailOpens = %d, want 2 (unary and streamed)", n)
 	}
+}
+
+// sameAnswer reports whether two answers agree on everything but latency,
+// scores and probabilities up to a relative 1e-4 (the clock moved between
+// them).
+func sameAnswer(a, b *pb.LookupRouteResponse) bool {
+	near := func(x, y float32) bool { return math.Abs(float64(x-y)) <= 1e-4*math.Max(1, math.Abs(float64(y))) }
+	as, bs := a.GetReplicaScores(), b.GetReplicaScores()
+	if a.GetReasonCode() != b.GetReasonCode() || a.GetAdapterId() != b.GetAdapterId() ||
+		!slices.Equal(a.GetTokenIds(), b.GetTokenIds()) || len(as) != len(bs) {
+		return false
+	}
+	for i := range as {
+		x, y := as[i], bs[i]
+		if x.GetReplicaId() != y.GetReplicaId() || x.GetMatchedTokens() != y.GetMatchedTokens() || x.GetTier() != y.GetTier() ||
+			!near(x.GetScore(), y.GetScore()) || !near(x.GetEstimatedCacheHitProb(), y.GetEstimatedCacheHitProb()) {
+			return false
+		}
+	}
+	return true
 }
 
 func checkAffinityZeros(t *testing.T, r *pb.LookupRouteResponse) {

@@ -2,6 +2,8 @@ package rpc
 
 import (
 	"context"
+	"errors"
+	"io"
 
 	"google.golang.org/grpc"
 
@@ -21,8 +23,8 @@ func ServerOptions() []grpc.ServerOption {
 }
 
 // Register registers svc on gs as pb.RegisterInferenceCacheServer does,
-// except that LookupRoute and ReportCacheState decode into reused memory
-// (lookupCall, updateMsg). gs must have been built with ServerOptions; the
+// except that LookupRoute, LookupRouteStream and ReportCacheState decode into
+// reused memory (lookupCall, updateMsg). gs must have been built with ServerOptions; the
 // handlers stay correct under the standard codec (the pooled types are
 // proto messages), only slower.
 func Register(gs grpc.ServiceRegistrar, svc *Service) {
@@ -35,8 +37,11 @@ func Register(gs grpc.ServiceRegistrar, svc *Service) {
 		}
 	}
 	for i := range desc.Streams {
-		if desc.Streams[i].StreamName == "ReportCacheState" {
+		switch desc.Streams[i].StreamName {
+		case "ReportCacheState":
 			desc.Streams[i].Handler = reportCacheStateHandler
+		case "LookupRouteStream":
+			desc.Streams[i].Handler = lookupRouteStreamHandler
 		}
 	}
 	gs.RegisterService(&desc, svc)
@@ -81,4 +86,30 @@ func reportCacheStateHandler(srv any, stream grpc.ServerStream) error {
 	msg := new(updateMsg)
 	ack := func(a *pb.Ack) error { return stream.SendMsg(a) }
 	return srv.(*Service).reportCacheState(stream, msg, &msg.CacheStateUpdate, ack)
+}
+
+// lookupRouteStreamHandler is the LookupRouteStream handler: each request is
+// decoded into a pooled call and answered from the call's response, which
+// Codec.Marshal releases, exactly as lookupRouteHandler does for one unary
+// call. It answers in order, one request at a time, and ends the stream
+// after an answer once the service drains (see Service.LookupRouteStream).
+func lookupRouteStreamHandler(srv any, stream grpc.ServerStream) error {
+	s := srv.(*Service)
+	ctx := stream.Context()
+	for {
+		c := getLookupCall()
+		if err := stream.RecvMsg(c); err != nil {
+			putLookupCall(c)
+			if errors.Is(err, io.EOF) {
+				return nil // the client closed its side: the stream ends OK
+			}
+			return err
+		}
+		if err := stream.SendMsg(s.serveLookup(ctx, c)); err != nil {
+			return err // c was not marshaled: the GC takes it
+		}
+		if s.draining.Load() {
+			return errDrainingStream
+		}
+	}
 }

@@ -28,13 +28,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
@@ -224,6 +227,10 @@ type Service struct {
 	// through Ingest).
 	batcher *ingestBatcher
 
+	// draining is set once by Drain; lookup streams load it after each
+	// answer and end when it is set.
+	draining atomic.Bool
+
 	// lookupUnary is serveLookupUnary as a method value, made once so the
 	// pooled handler passes it to interceptors without allocating.
 	lookupUnary grpc.UnaryHandler
@@ -308,6 +315,42 @@ func (s *Service) PromptTextFailOpens() int64 { return s.promptFailOpen.Load() }
 // DroppedReports returns how many producer reports the index did not apply
 // (every reason of DropReasons).
 func (s *Service) DroppedReports() int64 { return s.droppedReports.Load() }
+
+// errDrainingStream ends a lookup stream of a draining server. UNAVAILABLE
+// is the status clients retry on another connection (the drain's GOAWAY
+// keeps new streams off this one).
+var errDrainingStream = status.Error(codes.Unavailable, "server draining: reopen the lookup stream")
+
+// Drain tells the service the server is shutting down: every lookup stream
+// ends with UNAVAILABLE after its next answer, so gateways move their
+// streams to a ready server instead of holding this one's GracefulStop until
+// the drain timeout. A stream that stays idle ends with the server's hard
+// stop. Unary calls and report streams are not affected.
+func (s *Service) Drain() { s.draining.Store(true) }
+
+// LookupRouteStream answers each request on the stream, in order, with what
+// LookupRoute gives it. This is the generated interface's method, used when
+// the service is registered with pb.RegisterInferenceCacheServer; Register
+// installs an equivalent handler that reuses memory across requests.
+func (s *Service) LookupRouteStream(stream pb.InferenceCache_LookupRouteStreamServer) error {
+	ctx := stream.Context()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		resp, _ := s.LookupRoute(ctx, req) // LookupRoute never fails: it fails open
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+		if s.draining.Load() {
+			return errDrainingStream
+		}
+	}
+}
 
 // RenderTemplate is a stub: OK with empty bytes (contract §1).
 func (*Service) RenderTemplate(context.Context, *pb.RenderTemplateRequest) (*pb.RenderTemplateResponse, error) {

@@ -196,6 +196,8 @@ type methodSpec struct {
 var wireMethods = []methodSpec{
 	{"RenderTemplate", "/inferencecache.v1alpha1.InferenceCache/RenderTemplate", pb.InferenceCache_RenderTemplate_FullMethodName, "RenderTemplateRequest", "RenderTemplateResponse", false, false},
 	{"LookupRoute", "/inferencecache.v1alpha1.InferenceCache/LookupRoute", pb.InferenceCache_LookupRoute_FullMethodName, "LookupRouteRequest", "LookupRouteResponse", false, false},
+	// Ours, additive (docs/wire.md): LookupRoute on a long-lived stream.
+	{"LookupRouteStream", "/inferencecache.v1alpha1.InferenceCache/LookupRouteStream", pb.InferenceCache_LookupRouteStream_FullMethodName, "LookupRouteRequest", "LookupRouteResponse", true, true},
 	{"LookupPDRoute", "/inferencecache.v1alpha1.InferenceCache/LookupPDRoute", pb.InferenceCache_LookupPDRoute_FullMethodName, "LookupPDRouteRequest", "LookupPDRouteResponse", false, false},
 	{"GetCacheState", "/inferencecache.v1alpha1.InferenceCache/GetCacheState", pb.InferenceCache_GetCacheState_FullMethodName, "GetCacheStateRequest", "GetCacheStateResponse", false, false},
 	{"ReportCacheState", "/inferencecache.v1alpha1.InferenceCache/ReportCacheState", pb.InferenceCache_ReportCacheState_FullMethodName, "CacheStateUpdate", "Ack", true, false},

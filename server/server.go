@@ -668,6 +668,7 @@ func (s *Server) drain() {
 	s.readyMu.Unlock()
 	s.metrics.SetUp(false)
 	s.health.Shutdown() // every service NOT_SERVING
+	s.service.Drain()   // lookup streams end after their next answer
 	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
 
 	done := make(chan struct{})

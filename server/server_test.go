@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"io"
 	"math"
 	"net/http"
 	"slices"
@@ -496,5 +497,54 @@ func TestHealthDuringDrain(t *testing.T) {
 	case <-s.Done():
 		t.Fatal("Run returned with a call in flight")
 	default:
+	}
+}
+
+// TestDrainEndsLookupStreams: a gateway's long-lived LookupRouteStream does
+// not hold the drain until DrainTimeout. Once the drain begins, the stream's
+// next lookup is answered and the stream ends with UNAVAILABLE, and Run
+// returns long before the timeout.
+func TestDrainEndsLookupStreams(t *testing.T) {
+	cfg := testConfig()
+	cfg.DrainTimeout = time.Minute
+	s := start(t, cfg)
+	stream, err := s.cli.LookupRouteStream(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: "vllm", PrefixHash: []byte("12345678")}
+	lookup := func() error {
+		// Send reports a stream the server ended as io.EOF; Recv has the
+		// status.
+		if err := stream.Send(req); err != nil && err != io.EOF {
+			return err
+		}
+		_, err := stream.Recv()
+		return err
+	}
+	if err := lookup(); err != nil {
+		t.Fatalf("before the drain: %v", err)
+	}
+	began := time.Now()
+	s.Stop()
+	// The gateway keeps looking up (bounded): the stream ends after at most
+	// one answer once the drain has begun.
+	var last error
+	for range 1000 {
+		if last = lookup(); last != nil {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if status.Code(last) != codes.Unavailable {
+		t.Fatalf("lookup stream during the drain ended with %v, want UNAVAILABLE", last)
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still draining 10 s after the lookup stream ended (DrainTimeout is 1 min)")
+	}
+	if d := time.Since(began); d > 10*time.Second {
+		t.Fatalf("drain took %v", d)
 	}
 }

@@ -1734,10 +1734,11 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\x16CACHE_TIER_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCACHE_TIER_T1\x10\x01\x12\x11\n" +
 	"\rCACHE_TIER_T2\x10\x02\x12\x11\n" +
-	"\rCACHE_TIER_T3\x10\x032\xcc\x06\n" +
+	"\rCACHE_TIER_T3\x10\x032\xc0\a\n" +
 	"\x0eInferenceCache\x12q\n" +
 	"\x0eRenderTemplate\x12..inferencecache.v1alpha1.RenderTemplateRequest\x1a/.inferencecache.v1alpha1.RenderTemplateResponse\x12h\n" +
-	"\vLookupRoute\x12+.inferencecache.v1alpha1.LookupRouteRequest\x1a,.inferencecache.v1alpha1.LookupRouteResponse\x12n\n" +
+	"\vLookupRoute\x12+.inferencecache.v1alpha1.LookupRouteRequest\x1a,.inferencecache.v1alpha1.LookupRouteResponse\x12r\n" +
+	"\x11LookupRouteStream\x12+.inferencecache.v1alpha1.LookupRouteRequest\x1a,.inferencecache.v1alpha1.LookupRouteResponse(\x010\x01\x12n\n" +
 	"\rLookupPDRoute\x12-.inferencecache.v1alpha1.LookupPDRouteRequest\x1a..inferencecache.v1alpha1.LookupPDRouteResponse\x12n\n" +
 	"\rGetCacheState\x12-.inferencecache.v1alpha1.GetCacheStateRequest\x1a..inferencecache.v1alpha1.GetCacheStateResponse\x12]\n" +
 	"\x10ReportCacheState\x12).inferencecache.v1alpha1.CacheStateUpdate\x1a\x1c.inferencecache.v1alpha1.Ack(\x01\x12Q\n" +
@@ -1799,22 +1800,24 @@ var file_inferencecache_v1alpha1_inferencecache_proto_depIdxs = []int32{
 	22, // 11: inferencecache.v1alpha1.Metric.labels:type_name -> inferencecache.v1alpha1.Metric.LabelsEntry
 	2,  // 12: inferencecache.v1alpha1.InferenceCache.RenderTemplate:input_type -> inferencecache.v1alpha1.RenderTemplateRequest
 	5,  // 13: inferencecache.v1alpha1.InferenceCache.LookupRoute:input_type -> inferencecache.v1alpha1.LookupRouteRequest
-	8,  // 14: inferencecache.v1alpha1.InferenceCache.LookupPDRoute:input_type -> inferencecache.v1alpha1.LookupPDRouteRequest
-	10, // 15: inferencecache.v1alpha1.InferenceCache.GetCacheState:input_type -> inferencecache.v1alpha1.GetCacheStateRequest
-	13, // 16: inferencecache.v1alpha1.InferenceCache.ReportCacheState:input_type -> inferencecache.v1alpha1.CacheStateUpdate
-	16, // 17: inferencecache.v1alpha1.InferenceCache.PublishEvent:input_type -> inferencecache.v1alpha1.CacheEvent
-	17, // 18: inferencecache.v1alpha1.InferenceCache.StreamCacheEvents:input_type -> inferencecache.v1alpha1.StreamEventsRequest
-	18, // 19: inferencecache.v1alpha1.InferenceCache.StreamMetrics:input_type -> inferencecache.v1alpha1.StreamMetricsRequest
-	3,  // 20: inferencecache.v1alpha1.InferenceCache.RenderTemplate:output_type -> inferencecache.v1alpha1.RenderTemplateResponse
-	7,  // 21: inferencecache.v1alpha1.InferenceCache.LookupRoute:output_type -> inferencecache.v1alpha1.LookupRouteResponse
-	9,  // 22: inferencecache.v1alpha1.InferenceCache.LookupPDRoute:output_type -> inferencecache.v1alpha1.LookupPDRouteResponse
-	11, // 23: inferencecache.v1alpha1.InferenceCache.GetCacheState:output_type -> inferencecache.v1alpha1.GetCacheStateResponse
-	20, // 24: inferencecache.v1alpha1.InferenceCache.ReportCacheState:output_type -> inferencecache.v1alpha1.Ack
-	20, // 25: inferencecache.v1alpha1.InferenceCache.PublishEvent:output_type -> inferencecache.v1alpha1.Ack
-	16, // 26: inferencecache.v1alpha1.InferenceCache.StreamCacheEvents:output_type -> inferencecache.v1alpha1.CacheEvent
-	19, // 27: inferencecache.v1alpha1.InferenceCache.StreamMetrics:output_type -> inferencecache.v1alpha1.Metric
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
+	5,  // 14: inferencecache.v1alpha1.InferenceCache.LookupRouteStream:input_type -> inferencecache.v1alpha1.LookupRouteRequest
+	8,  // 15: inferencecache.v1alpha1.InferenceCache.LookupPDRoute:input_type -> inferencecache.v1alpha1.LookupPDRouteRequest
+	10, // 16: inferencecache.v1alpha1.InferenceCache.GetCacheState:input_type -> inferencecache.v1alpha1.GetCacheStateRequest
+	13, // 17: inferencecache.v1alpha1.InferenceCache.ReportCacheState:input_type -> inferencecache.v1alpha1.CacheStateUpdate
+	16, // 18: inferencecache.v1alpha1.InferenceCache.PublishEvent:input_type -> inferencecache.v1alpha1.CacheEvent
+	17, // 19: inferencecache.v1alpha1.InferenceCache.StreamCacheEvents:input_type -> inferencecache.v1alpha1.StreamEventsRequest
+	18, // 20: inferencecache.v1alpha1.InferenceCache.StreamMetrics:input_type -> inferencecache.v1alpha1.StreamMetricsRequest
+	3,  // 21: inferencecache.v1alpha1.InferenceCache.RenderTemplate:output_type -> inferencecache.v1alpha1.RenderTemplateResponse
+	7,  // 22: inferencecache.v1alpha1.InferenceCache.LookupRoute:output_type -> inferencecache.v1alpha1.LookupRouteResponse
+	7,  // 23: inferencecache.v1alpha1.InferenceCache.LookupRouteStream:output_type -> inferencecache.v1alpha1.LookupRouteResponse
+	9,  // 24: inferencecache.v1alpha1.InferenceCache.LookupPDRoute:output_type -> inferencecache.v1alpha1.LookupPDRouteResponse
+	11, // 25: inferencecache.v1alpha1.InferenceCache.GetCacheState:output_type -> inferencecache.v1alpha1.GetCacheStateResponse
+	20, // 26: inferencecache.v1alpha1.InferenceCache.ReportCacheState:output_type -> inferencecache.v1alpha1.Ack
+	20, // 27: inferencecache.v1alpha1.InferenceCache.PublishEvent:output_type -> inferencecache.v1alpha1.Ack
+	16, // 28: inferencecache.v1alpha1.InferenceCache.StreamCacheEvents:output_type -> inferencecache.v1alpha1.CacheEvent
+	19, // 29: inferencecache.v1alpha1.InferenceCache.StreamMetrics:output_type -> inferencecache.v1alpha1.Metric
+	21, // [21:30] is the sub-list for method output_type
+	12, // [12:21] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name

@@ -21,6 +21,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	InferenceCache_RenderTemplate_FullMethodName    = "/inferencecache.v1alpha1.InferenceCache/RenderTemplate"
 	InferenceCache_LookupRoute_FullMethodName       = "/inferencecache.v1alpha1.InferenceCache/LookupRoute"
+	InferenceCache_LookupRouteStream_FullMethodName = "/inferencecache.v1alpha1.InferenceCache/LookupRouteStream"
 	InferenceCache_LookupPDRoute_FullMethodName     = "/inferencecache.v1alpha1.InferenceCache/LookupPDRoute"
 	InferenceCache_GetCacheState_FullMethodName     = "/inferencecache.v1alpha1.InferenceCache/GetCacheState"
 	InferenceCache_ReportCacheState_FullMethodName  = "/inferencecache.v1alpha1.InferenceCache/ReportCacheState"
@@ -40,6 +41,12 @@ type InferenceCacheClient interface {
 	RenderTemplate(ctx context.Context, in *RenderTemplateRequest, opts ...grpc.CallOption) (*RenderTemplateResponse, error)
 	// Ranks the replicas that hold the request's prefix. Fails open.
 	LookupRoute(ctx context.Context, in *LookupRouteRequest, opts ...grpc.CallOption) (*LookupRouteResponse, error)
+	// LookupRoute over one long-lived stream (an addition to the upstream
+	// contract, docs/wire.md): every request is answered, in order, by exactly
+	// the response LookupRoute would give it. A gateway that looks up at a high
+	// rate saves the per-call HTTP/2 stream setup; a draining server ends the
+	// stream with UNAVAILABLE after an answer, so the gateway reopens it.
+	LookupRouteStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[LookupRouteRequest, LookupRouteResponse], error)
 	// Picks a prefill/decode pair (stub: answers NO_HINT).
 	LookupPDRoute(ctx context.Context, in *LookupPDRouteRequest, opts ...grpc.CallOption) (*LookupPDRouteResponse, error)
 	// Reports per-replica stats and an index summary for a (model, tenant).
@@ -82,6 +89,19 @@ func (c *inferenceCacheClient) LookupRoute(ctx context.Context, in *LookupRouteR
 	return out, nil
 }
 
+func (c *inferenceCacheClient) LookupRouteStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[LookupRouteRequest, LookupRouteResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InferenceCache_ServiceDesc.Streams[0], InferenceCache_LookupRouteStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[LookupRouteRequest, LookupRouteResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InferenceCache_LookupRouteStreamClient = grpc.BidiStreamingClient[LookupRouteRequest, LookupRouteResponse]
+
 func (c *inferenceCacheClient) LookupPDRoute(ctx context.Context, in *LookupPDRouteRequest, opts ...grpc.CallOption) (*LookupPDRouteResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(LookupPDRouteResponse)
@@ -104,7 +124,7 @@ func (c *inferenceCacheClient) GetCacheState(ctx context.Context, in *GetCacheSt
 
 func (c *inferenceCacheClient) ReportCacheState(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CacheStateUpdate, Ack], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &InferenceCache_ServiceDesc.Streams[0], InferenceCache_ReportCacheState_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &InferenceCache_ServiceDesc.Streams[1], InferenceCache_ReportCacheState_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +147,7 @@ func (c *inferenceCacheClient) PublishEvent(ctx context.Context, in *CacheEvent,
 
 func (c *inferenceCacheClient) StreamCacheEvents(ctx context.Context, in *StreamEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CacheEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &InferenceCache_ServiceDesc.Streams[1], InferenceCache_StreamCacheEvents_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &InferenceCache_ServiceDesc.Streams[2], InferenceCache_StreamCacheEvents_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +166,7 @@ type InferenceCache_StreamCacheEventsClient = grpc.ServerStreamingClient[CacheEv
 
 func (c *inferenceCacheClient) StreamMetrics(ctx context.Context, in *StreamMetricsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Metric], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &InferenceCache_ServiceDesc.Streams[2], InferenceCache_StreamMetrics_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &InferenceCache_ServiceDesc.Streams[3], InferenceCache_StreamMetrics_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -174,6 +194,12 @@ type InferenceCacheServer interface {
 	RenderTemplate(context.Context, *RenderTemplateRequest) (*RenderTemplateResponse, error)
 	// Ranks the replicas that hold the request's prefix. Fails open.
 	LookupRoute(context.Context, *LookupRouteRequest) (*LookupRouteResponse, error)
+	// LookupRoute over one long-lived stream (an addition to the upstream
+	// contract, docs/wire.md): every request is answered, in order, by exactly
+	// the response LookupRoute would give it. A gateway that looks up at a high
+	// rate saves the per-call HTTP/2 stream setup; a draining server ends the
+	// stream with UNAVAILABLE after an answer, so the gateway reopens it.
+	LookupRouteStream(grpc.BidiStreamingServer[LookupRouteRequest, LookupRouteResponse]) error
 	// Picks a prefill/decode pair (stub: answers NO_HINT).
 	LookupPDRoute(context.Context, *LookupPDRouteRequest) (*LookupPDRouteResponse, error)
 	// Reports per-replica stats and an index summary for a (model, tenant).
@@ -201,6 +227,9 @@ func (UnimplementedInferenceCacheServer) RenderTemplate(context.Context, *Render
 }
 func (UnimplementedInferenceCacheServer) LookupRoute(context.Context, *LookupRouteRequest) (*LookupRouteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LookupRoute not implemented")
+}
+func (UnimplementedInferenceCacheServer) LookupRouteStream(grpc.BidiStreamingServer[LookupRouteRequest, LookupRouteResponse]) error {
+	return status.Error(codes.Unimplemented, "method LookupRouteStream not implemented")
 }
 func (UnimplementedInferenceCacheServer) LookupPDRoute(context.Context, *LookupPDRouteRequest) (*LookupPDRouteResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method LookupPDRoute not implemented")
@@ -276,6 +305,13 @@ func _InferenceCache_LookupRoute_Handler(srv interface{}, ctx context.Context, d
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _InferenceCache_LookupRouteStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(InferenceCacheServer).LookupRouteStream(&grpc.GenericServerStream[LookupRouteRequest, LookupRouteResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InferenceCache_LookupRouteStreamServer = grpc.BidiStreamingServer[LookupRouteRequest, LookupRouteResponse]
 
 func _InferenceCache_LookupPDRoute_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LookupPDRouteRequest)
@@ -389,6 +425,12 @@ var InferenceCache_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "LookupRouteStream",
+			Handler:       _InferenceCache_LookupRouteStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 		{
 			StreamName:    "ReportCacheState",
 			Handler:       _InferenceCache_ReportCacheState_Handler,

@@ -1,0 +1,177 @@
+package rpc_test
+
+import (
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/inferencecache/inferencecache/rpc"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
+)
+
+// streamLookup sends req on stream and returns its answer.
+func streamLookup(t testing.TB, stream pb.InferenceCache_LookupRouteStreamClient, req *pb.LookupRouteRequest) *pb.LookupRouteResponse {
+	t.Helper()
+	if err := stream.Send(req); err != nil {
+		t.Fatalf("LookupRouteStream Send: %v", err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("LookupRouteStream Recv: %v", err)
+	}
+	return resp
+}
+
+// generic serves a *rpc.Service through the generated registration, so its
+// LookupRouteStream method (not Register's pooled handler) answers.
+type generic struct{ *rpc.Service }
+
+// randomLookups draws n lookups over the reasonEnv data set: chains of
+// every length (matching, partial, missing), exact prefix hashes, token ids,
+// unbalanced chains and unknown keys, across tenants with different policies.
+func randomLookups(rng *rand.Rand, n int) []*pb.LookupRouteRequest {
+	tenants := []string{"team", "noaff", "reqchain", "tiny", "tinynoaff", "floor", "flooraff", "score", "optout", "nohot", "nochain", "tok", "lora", "ghost"}
+	reqs := make([]*pb.LookupRouteRequest, n)
+	for i := range reqs {
+		r := &pb.LookupRouteRequest{TenantId: tenants[rng.IntN(len(tenants))], ModelId: model, HashScheme: scheme}
+		hs, cs := chainOf(1+rng.IntN(3), 1+rng.IntN(10))
+		switch rng.IntN(6) {
+		case 0:
+			r.PrefixHash, r.PrefixTokenCount = hs[len(hs)-1], int32(16*len(hs))
+		case 1:
+			r.TokenIds = tokens(rng.IntN(2)*1000, 8+rng.IntN(200))
+		case 2:
+			r.BlockHashes, r.BlockTokenCounts = hs, cs[:rng.IntN(len(cs))] // unbalanced
+		default:
+			r.BlockHashes, r.BlockTokenCounts = hs, cs
+		}
+		switch rng.IntN(10) {
+		case 0:
+			r.ModelId = "other"
+		case 1:
+			r.HashScheme = "sglang"
+		case 2:
+			r.AdapterId = "lora1"
+		}
+		reqs[i] = r
+	}
+	return reqs
+}
+
+// TestLookupRouteStreamMatchesUnary: random lookups sent pipelined on one
+// stream (every request written before the first answer is read) are
+// answered in order, each with exactly LookupRoute's answer, through the
+// pooled handler and through the generated registration.
+func TestLookupRouteStreamMatchesUnary(t *testing.T) {
+	frozen := time.Now()
+	env := reasonEnvAt(t, true, func() time.Time { return frozen })
+	reqs := randomLookups(rand.New(rand.NewPCG(5, 11)), 600)
+	want := make([]*pb.LookupRouteResponse, len(reqs))
+	for i, req := range reqs {
+		resp, err := env.client.LookupRoute(ctx(t), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[i] = withoutLatency(resp)
+	}
+	for _, tc := range []struct {
+		name   string
+		client pb.InferenceCacheClient
+	}{
+		{"pooled", env.client},
+		{"generated", serve(t, generic{env.svc})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream, err := tc.client.LookupRouteStream(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent := make(chan error, 1)
+			go func() {
+				for _, req := range reqs {
+					if err := stream.Send(req); err != nil {
+						sent <- err
+						return
+					}
+				}
+				sent <- stream.CloseSend()
+			}()
+			reasons := map[string]int{}
+			for i := range reqs {
+				got, err := stream.Recv()
+				if err != nil {
+					t.Fatalf("answer %d: %v", i, err)
+				}
+				if !proto.Equal(withoutLatency(got), want[i]) {
+					t.Fatalf("answer %d to %v:\n stream %v\n unary  %v", i, reqs[i], got, want[i])
+				}
+				reasons[got.GetReasonCode()]++
+			}
+			if _, err := stream.Recv(); err != io.EOF {
+				t.Fatalf("Recv after the last answer = %v, want EOF", err)
+			}
+			if err := <-sent; err != nil {
+				t.Fatal(err)
+			}
+			// The draw must reach the interesting answers, or equality
+			// proves little.
+			for _, r := range []string{rpc.ReasonPrefixMatch, rpc.ReasonAffinityHint, rpc.ReasonNoHint, rpc.ReasonTenantHot, rpc.ReasonUnknownTenant, rpc.ReasonUnknownModel, rpc.ReasonPolicyRequiresChain} {
+				if reasons[r] == 0 {
+					t.Errorf("no %s answer among %d (%v)", r, len(reqs), reasons)
+				}
+			}
+		})
+	}
+}
+
+// TestLookupRouteStreamDrain: once the service drains, a stream answers the
+// request it has and then ends with UNAVAILABLE; unary lookups still answer,
+// and a new stream ends after its first answer too.
+func TestLookupRouteStreamDrain(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		reg  func(env *env) pb.InferenceCacheClient
+	}{
+		{"pooled", func(env *env) pb.InferenceCacheClient { return env.client }},
+		{"generated", func(env *env) pb.InferenceCacheClient { return serve(t, generic{env.svc}) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newEnv(t, envOpts{})
+			env.seed(t, "team")
+			client := tc.reg(env)
+			a, ac := chainOf(chainA, 8)
+			req := &pb.LookupRouteRequest{TenantId: "team", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac}
+			stream, err := client.LookupRouteStream(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := streamLookup(t, stream, req); r.GetReasonCode() != rpc.ReasonPrefixMatch {
+				t.Fatalf("before the drain: %v", r)
+			}
+			env.svc.Drain()
+			for _, s := range []pb.InferenceCache_LookupRouteStreamClient{stream, func() pb.InferenceCache_LookupRouteStreamClient {
+				s, err := client.LookupRouteStream(ctx(t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}()} {
+				if r := streamLookup(t, s, req); r.GetReasonCode() != rpc.ReasonPrefixMatch {
+					t.Fatalf("the answer after the drain began: %v", r)
+				}
+				_, err := s.Recv()
+				if status.Code(err) != codes.Unavailable {
+					t.Fatalf("after the answer: %v, want UNAVAILABLE", err)
+				}
+			}
+			if r, err := client.LookupRoute(ctx(t), req); err != nil || r.GetReasonCode() != rpc.ReasonPrefixMatch {
+				t.Fatalf("unary lookup while draining: %v, %v", r, err)
+			}
+		})
+	}
+}
