@@ -58,6 +58,13 @@ type Config struct {
 	// Warmup runs first and is excluded from the latency and reason
 	// figures; Duration is the measured window after it.
 	Warmup, Duration time.Duration
+	// LookupStream sends every lookup on a long-lived LookupRouteStream,
+	// one per worker (reopened after an error), instead of a unary
+	// LookupRoute call each; RequestTimeout then bounds each lookup on its
+	// stream. A connection the run dials itself sets fixed flow-control
+	// windows, as docs/wire.md recommends for stream clients.
+	LookupStream bool
+
 	// RequestTimeout bounds every RPC; DrainTimeout bounds the wait for
 	// requests still queued or in flight when the window closes.
 	RequestTimeout, DrainTimeout time.Duration

@@ -62,6 +62,7 @@ type Scenario struct {
 	Rate               float64 `json:"rate,omitempty"`
 	Speedup            float64 `json:"speedup,omitempty"`
 	Concurrency        int     `json:"concurrency"`
+	LookupStream       bool    `json:"lookupStream,omitempty"`
 	WarmupSec          float64 `json:"warmupSec"`
 	DurationSec        float64 `json:"durationSec"`
 	Replicas           int     `json:"replicas"`
@@ -163,7 +164,7 @@ func newReport(cfg *Config, src *source) *Report {
 		Version: ReportVersion,
 		Scenario: Scenario{
 			Target: cfg.Target, TLS: cfg.TLS != nil, Workload: cfg.Workload.Kind, TracePath: cfg.Workload.TracePath,
-			WorkloadRequests: len(src.reqs), Seed: cfg.Seed, Mode: cfg.Mode, Concurrency: cfg.Concurrency,
+			WorkloadRequests: len(src.reqs), Seed: cfg.Seed, Mode: cfg.Mode, Concurrency: cfg.Concurrency, LookupStream: cfg.LookupStream,
 			WarmupSec: cfg.Warmup.Seconds(), DurationSec: cfg.Duration.Seconds(),
 			Replicas: cfg.Replicas, ReplicaCacheBlocks: cfg.ReplicaCacheBlocks, ClearEverySec: cfg.ClearEvery.Seconds(),
 			TenantID: cfg.TenantID, ModelID: cfg.ModelID, HashScheme: cfg.HashScheme,
@@ -326,6 +327,9 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(&b, "open loop, trace arrivals x%g\n\n", s.Speedup)
 	default:
 		fmt.Fprintf(&b, "open loop, %s arrivals at %g/s\n\n", s.Arrival, s.Rate)
+	}
+	if s.LookupStream {
+		fmt.Fprintf(&b, "Lookups are sent on long-lived LookupRouteStream streams, one per worker.\n\n")
 	}
 	m := rep.Machine
 	fmt.Fprintf(&b, "Target %s; %d replicas of %d blocks; seed %d; warm-up %gs, measured %gs. "+

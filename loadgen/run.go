@@ -2,12 +2,15 @@ package loadgen
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -109,7 +112,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if cfg.TLS != nil {
 			creds = credentials.NewTLS(cfg.TLS)
 		}
-		cc, err := grpc.NewClient(cfg.Target, grpc.WithTransportCredentials(creds))
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+		if cfg.LookupStream {
+			// Fixed windows turn off the BDP estimator, which would ping
+			// after every streamed answer (docs/wire.md).
+			opts = append(opts, grpc.WithInitialWindowSize(streamClientWindow), grpc.WithInitialConnWindowSize(streamClientWindow))
+		}
+		cc, err := grpc.NewClient(cfg.Target, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("cannot dial %s: %w", cfg.Target, err)
 		}
@@ -120,6 +129,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	r.cluster = newCluster(r.cfg, r.client, src)
 	return r.run(ctx)
 }
+
+// streamClientWindow is the fixed HTTP/2 flow-control window, per stream
+// and per connection, of a connection dialed for LookupStream.
+const streamClientWindow = 1 << 20
 
 // defaultSize is the epoch size of a generated workload when none is set:
 // what an open-loop run at a fixed rate sends (so it never wraps), within
@@ -340,6 +353,7 @@ func (r *runner) openLoop(ctx context.Context, end, drainBy time.Time) {
 
 func (r *runner) openWorker(ctx context.Context, rec *recorder, jobs <-chan job, drainBy time.Time) {
 	var w worker
+	defer w.closeStream()
 	for j := range jobs {
 		if ctx.Err() != nil || time.Now().After(drainBy) {
 			r.unfinished.Add(1)
@@ -357,6 +371,7 @@ func (r *runner) closedLoop(ctx context.Context, end time.Time) {
 	for w := range r.recs {
 		wg.Go(func() {
 			var wk worker
+			defer wk.closeStream()
 			for ctx.Err() == nil {
 				now := time.Now()
 				if !now.Before(end) {
@@ -370,10 +385,67 @@ func (r *runner) closedLoop(ctx context.Context, end time.Time) {
 	wg.Wait()
 }
 
-// worker is one sender's reusable request state.
+// worker is one sender's reusable request state, and its lookup stream
+// with LookupStream.
 type worker struct {
 	buf chainBuf
 	req pb.LookupRouteRequest
+
+	// stream is the open lookup stream (nil: none); cancel ends it, and
+	// expiry calls cancel when a lookup on it outlives RequestTimeout.
+	// Only the worker's goroutine touches them (the timer's callback only
+	// calls the stream's own cancel).
+	stream pb.InferenceCache_LookupRouteStreamClient
+	cancel context.CancelFunc
+	expiry *time.Timer
+}
+
+// errStreamLookupTimeout is a streamed lookup that outlived RequestTimeout;
+// its stream was cancelled.
+var errStreamLookupTimeout = status.Error(codes.DeadlineExceeded, "lookup on the stream exceeded the request timeout")
+
+// streamLookup sends the worker's request on its lookup stream (opening one
+// if needed) and waits for the answer, at most RequestTimeout. After any
+// error the stream is closed; the next lookup opens a new one.
+func (w *worker) streamLookup(ctx context.Context, r *runner) (*pb.LookupRouteResponse, error) {
+	if w.stream == nil {
+		sctx, cancel := context.WithCancel(ctx)
+		st, err := r.client.LookupRouteStream(sctx)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		w.stream, w.cancel = st, cancel
+		w.expiry = time.AfterFunc(time.Hour, cancel)
+		w.expiry.Stop()
+	}
+	w.expiry.Reset(r.cfg.RequestTimeout)
+	err := w.stream.Send(&w.req)
+	if errors.Is(err, io.EOF) {
+		err = nil // the server ended the stream: Recv returns its status
+	}
+	var resp *pb.LookupRouteResponse
+	if err == nil {
+		resp, err = w.stream.Recv()
+	}
+	fired := !w.expiry.Stop() // the stream's context is cancelled
+	if fired && err != nil && ctx.Err() == nil {
+		err = errStreamLookupTimeout
+	}
+	if err != nil || fired {
+		w.closeStream()
+	}
+	return resp, err
+}
+
+// closeStream ends the worker's lookup stream, if any.
+func (w *worker) closeStream() {
+	if w.stream == nil {
+		return
+	}
+	w.expiry.Stop()
+	w.cancel()
+	w.stream, w.cancel, w.expiry = nil, nil, nil
 }
 
 // lookup sends stream request i, records the outcome, and feeds the
@@ -389,9 +461,15 @@ func (w *worker) lookup(ctx context.Context, r *runner, rec *recorder, i uint64,
 	w.req.BlockHashes, w.req.BlockTokenCounts = hashes, counts
 
 	sent := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
-	resp, err := r.client.LookupRoute(cctx, &w.req)
-	cancel()
+	var resp *pb.LookupRouteResponse
+	var err error
+	if cfg.LookupStream {
+		resp, err = w.streamLookup(ctx, r)
+	} else {
+		cctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
+		resp, err = r.client.LookupRoute(cctx, &w.req)
+		cancel()
+	}
 	done := time.Now()
 	lat := done.Sub(intended)
 	if sent.Before(intended) {

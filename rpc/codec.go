@@ -3,6 +3,7 @@ package rpc
 import (
 	"hash/maphash"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unicode/utf8"
@@ -146,6 +147,18 @@ func (c *lookupCall) decode() bool {
 	hashes, counts, toks := c.hashes[:0], c.counts[:0], c.toks[:0]
 	b := c.buf
 	for len(b) > 0 {
+		// Most of a chain request is its block hashes: one-byte tags of
+		// field 7 (wire type 2) with one-byte lengths. Take those without
+		// the general tag and varint decoding.
+		if len(b) >= 2 && b[0] == blockHashTag && b[1] < 0x80 {
+			end := 2 + int(b[1])
+			if end > len(b) {
+				return false
+			}
+			hashes = append(hashes, b[2:end:end])
+			b = b[end:]
+			continue
+		}
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return false
@@ -230,6 +243,10 @@ func (c *lookupCall) decode() bool {
 	return true
 }
 
+// blockHashTag is the one-byte tag of LookupRouteRequest.block_hashes
+// (field 7, length-delimited).
+const blockHashTag = 7<<3 | byte(protowire.BytesType)
+
 // decodeSLO decodes an SLO message into s (reset first); false means an
 // unknown field or a malformed message.
 func decodeSLO(s *pb.SLO, b []byte) bool {
@@ -284,14 +301,23 @@ func appendInt32s(dst []int32, typ protowire.Type, b []byte) ([]int32, []byte, b
 		if !ok {
 			return dst, nil, false
 		}
+		// At most one value per byte: grow once, then store in place.
+		i := len(dst)
+		dst = slices.Grow(dst, len(v))[:i+len(v)]
 		for len(v) > 0 {
+			if v[0] < 0x80 { // a one-byte varint: counts below 128
+				dst[i], v = int32(v[0]), v[1:]
+				i++
+				continue
+			}
 			x, n := protowire.ConsumeVarint(v)
 			if n < 0 {
-				return dst, nil, false
+				return dst[:i], nil, false
 			}
-			dst, v = append(dst, int32(x)), v[n:]
+			dst[i], v = int32(x), v[n:]
+			i++
 		}
-		return dst, rest, true
+		return dst[:i], rest, true
 	}
 	return dst, nil, false
 }

@@ -144,6 +144,7 @@ func scenarioFlags(fs *flag.FlagSet, cfg *loadgen.Config) *scenario {
 	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "closed-loop workers; open-loop cap on requests in flight")
 	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "warm-up, excluded from the figures")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured window after the warm-up")
+	fs.BoolVar(&cfg.LookupStream, "lookup-stream", cfg.LookupStream, "send lookups on one long-lived LookupRouteStream per worker instead of unary LookupRoute calls")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "per-RPC deadline")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "bound on finishing queued requests after the window")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "emulated engine replicas")

@@ -160,6 +160,7 @@ func ab(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	binB := fs.String("b", "", "server binary B")
 	rounds := fs.Int("rounds", 3, "A/B rounds (each runs both binaries once)")
 	out := fs.String("out", "", "directory for each run's JSON report (none when empty)")
+	bStream := fs.Bool("b-lookup-stream", false, "B's runs send lookups on LookupRouteStream streams (A/B of the two transports; -a and -b may name the same binary)")
 	if done, err := parse(fs, args, stderr); done || err != nil {
 		return err
 	}
@@ -183,7 +184,11 @@ func ab(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				bin = *binB
 			}
 			fmt.Fprintf(stderr, "ab: round %d/%d, %s = %s\n", r+1, *rounds, which, bin)
-			rep, err := runServerScenario(ctx, bin, cfg, nil, nil)
+			runCfg := cfg
+			if which == "b" && *bStream {
+				runCfg.LookupStream = true
+			}
+			rep, err := runServerScenario(ctx, bin, runCfg, nil, nil)
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", r+1, which, err)
 			}
