@@ -336,7 +336,7 @@ func (e *Engine) ingestChainLocked(sc *scope, r *replica, p *PrefixEntry, tier T
 // happens in upsertLocked, which reuses the table hash cached in k.
 func (e *Engine) touchSlot(sc *scope, k *key) {
 	t := sc.table.Load()
-	_ = t.slots[e.tableHash(k)&t.mask].Load()
+	_ = t.slots[t.home(slotTag(e.tableHash(k)))].Load()
 }
 
 // ingestOneLocked writes one legacy entry and returns its node, or 0.

@@ -343,9 +343,8 @@ func (e *Engine) step(off, sc uint32, k *key, block int32, ttl, now int64, res *
 // through the first node the table nominates that holds k (find, with
 // step's own check in place of nodeIs, so the node is validated once).
 func (e *Engine) stepTable(t *table, sc uint32, k *key, block int32, ttl, now int64, res *LookupResult) (uint32, int) {
-	th := e.tableHash(k)
-	tag := slotTag(th)
-	i := th & t.mask
+	tag := slotTag(e.tableHash(k))
+	i := t.home(tag)
 	for n := uint64(0); n <= t.mask; n++ {
 		s := t.slots[i].Load()
 		if s == 0 {

@@ -102,7 +102,7 @@ func TestStaleReaderOfReclaimedScope(t *testing.T) {
 	// The table as the reader saw it (the delete later tombstones the slot
 	// in place, after the reader had read it).
 	cur := stale.table.Load()
-	staleTable := &table{slots: make([]atomic.Uint64, len(cur.slots)), mask: cur.mask}
+	staleTable := &table{slots: make([]atomic.Uint64, len(cur.slots)), mask: cur.mask, shift: cur.shift}
 	for i := range cur.slots {
 		staleTable.slots[i].Store(cur.slots[i].Load())
 	}

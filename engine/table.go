@@ -1,11 +1,17 @@
 package engine
 
-import "sync/atomic"
+import (
+	"math/bits"
+	"sync/atomic"
+)
 
 // table is one scope's open-addressing hash table from key to node offset,
 // with linear probing. A slot holds tag<<32 | offset, where tag is the upper
 // half of the key's table hash forced non-zero; 0 is an empty slot and
-// slotTomb a deleted one. The writer stores whole slots atomically, so a
+// slotTomb a deleted one. A key's home slot is the top bits of its tag
+// (home), so a rebuild places every slot from the slot alone, without
+// reading its node's key (a cache miss per key on a large index); the tag
+// bits below the home bits still tell keys of one home apart. The writer stores whole slots atomically, so a
 // reader sees either the old or the new slot; a reader on a table that the
 // writer has since replaced sees a consistent, older view and validates
 // every node it finds (see node.go), so replacement needs no grace period:
@@ -13,6 +19,8 @@ import "sync/atomic"
 type table struct {
 	slots []atomic.Uint64
 	mask  uint64
+	// shift is 64 - log2(len(slots)): a slot value's home is value>>shift.
+	shift uint8
 	// used and tombs count live and deleted slots (writer only).
 	used, tombs int
 }
@@ -29,19 +37,22 @@ func newTable(n int) *table {
 	for size < n {
 		size <<= 1
 	}
-	return &table{slots: make([]atomic.Uint64, size), mask: uint64(size - 1)}
+	return &table{slots: make([]atomic.Uint64, size), mask: uint64(size - 1), shift: uint8(64 - bits.TrailingZeros(uint(size)))}
 }
 
 func slotTag(th uint64) uint64 { return (th>>32 | 1) << 32 }
+
+// home is the first slot probed for a key with slot tag tag (or for the
+// slot value tag|offset: the offset is below the shift).
+func (t *table) home(tag uint64) uint64 { return tag >> t.shift }
 
 // bytes is the table's memory.
 func (t *table) bytes() int64 { return int64(len(t.slots)) * 8 }
 
 // find returns the node holding k in scope sc, or 0. Safe for readers.
 func (e *Engine) find(t *table, sc uint32, k *key) uint32 {
-	th := e.tableHash(k)
-	tag := slotTag(th)
-	i := th & t.mask
+	tag := slotTag(e.tableHash(k))
+	i := t.home(tag)
 	for n := uint64(0); n <= t.mask; n++ {
 		s := t.slots[i].Load()
 		if s == 0 {
@@ -78,9 +89,8 @@ func (e *Engine) nodeIs(off, sc uint32, k *key) bool {
 // findLocked is find for the writer, which needs no sequence lock. It also
 // returns the slot index of the key, or of the first reusable slot.
 func (e *Engine) findLocked(t *table, sc uint32, k *key) (off uint32, slot uint64) {
-	th := e.tableHash(k)
-	tag := slotTag(th)
-	i := th & t.mask
+	tag := slotTag(e.tableHash(k))
+	i := t.home(tag)
 	free := ^uint64(0)
 	for n := uint64(0); n <= t.mask; n++ {
 		s := t.slots[i].Load()
@@ -142,7 +152,7 @@ func (e *Engine) rebuildLocked(sc *scope, n int) *table {
 		if s == 0 || s == slotTomb {
 			continue
 		}
-		j := e.nodeTableHash(uint32(s)) & nt.mask
+		j := nt.home(s)
 		for nt.slots[j].Load() != 0 {
 			j = (j + 1) & nt.mask
 		}
@@ -152,15 +162,4 @@ func (e *Engine) rebuildLocked(sc *scope, n int) *table {
 	e.tableBytes += nt.bytes() - old.bytes()
 	sc.table.Store(nt)
 	return nt
-}
-
-// nodeTableHash recomputes the table hash of a node's key (writer only).
-func (e *Engine) nodeTableHash(off uint32) uint64 {
-	if metaKind(e.w(off+nMeta)) == kindU64 {
-		v := uint64(e.w(off+nHashLo)) | uint64(e.w(off+nHashHi))<<32
-		return mix64(v ^ e.seed)
-	}
-	var buf [MaxHashBytes]byte
-	b := e.appendHashBytes(buf[:0], off)
-	return hashBytes(b, e.seed)
 }
