@@ -2,9 +2,12 @@ package engine
 
 import (
 	"bytes"
+	"encoding/binary"
 	"cmp"
 	"slices"
+	"unsafe"
 
+	"github.com/inferencecache/inferencecache/engine/internal/prefetch"
 	"github.com/inferencecache/inferencecache/policy"
 )
 
@@ -326,10 +329,24 @@ func (e *Engine) forEachNodeLocked(sc *scope, fn func(off uint32)) {
 
 // sortRec is a record with its sort key resolved.
 type sortRec struct {
-	rec     uint64
-	sc      *scope
+	rec uint64
+	sc  *scope
+	// hk is hash's first 8 bytes, big-endian, zero-padded (hashKey): two
+	// records whose hk differ order as their hashes do, so the sort
+	// compares whole hashes only on a tie.
+	hk      uint64
 	hash    []byte
 	replica string
+}
+
+// hashKey is the sort prefix of a hash (sortRec.hk).
+func hashKey(h []byte) uint64 {
+	if len(h) >= 8 {
+		return binary.BigEndian.Uint64(h)
+	}
+	var b [8]byte
+	copy(b[:], h)
+	return binary.BigEndian.Uint64(b[:])
 }
 
 func compareScopes(a, b *scope) int {
@@ -361,7 +378,7 @@ func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
 		_, off, rid := capRecParts(r)
 		var h []byte
 		h, hb = e.sortHash(hb, off)
-		recs = append(recs, sortRec{rec: r, sc: sc, hash: h, replica: sc.d.replicaSlots()[rid].name})
+		recs = append(recs, sortRec{rec: r, sc: sc, hk: hashKey(h), hash: h, replica: sc.d.replicaSlots()[rid].name})
 	}
 	sortRecs(recs, true)
 	e.capq.records -= len(b.recs) - b.head
@@ -403,6 +420,9 @@ func sortRecs(recs []sortRec, withReplica bool) {
 	slices.SortFunc(recs, func(x, y sortRec) int {
 		if c := compareScopes(x.sc, y.sc); c != 0 {
 			return c
+		}
+		if x.hk != y.hk {
+			return cmp.Compare(x.hk, y.hk)
 		}
 		if c := bytes.Compare(x.hash, y.hash); c != 0 {
 			return c
@@ -452,6 +472,9 @@ func (e *Engine) evictCapOneLocked(snap *policy.Snapshot, now int64) bool {
 			}
 			b.head++
 			e.capq.records--
+			if b.head < len(b.recs) {
+				e.prefetchVictim(b.recs[b.head])
+			}
 			_, off, _ := capRecParts(r)
 			e.removeHolderLocked(sc, off, idx, now)
 			e.pending.addIndex(snap.Tenant(sc.d.tenant).Eviction, reasonCap, 1)
@@ -459,6 +482,25 @@ func (e *Engine) evictCapOneLocked(snap *policy.Snapshot, now int64) bool {
 		}
 		e.capq.drop(b)
 	}
+}
+
+// prefetchVictim prefetches the memory that evicting record rec (most
+// likely the next victim) touches and its bucket's sort did not: the node's
+// holder block and, for an 8-byte key, its table slot. A record gone stale
+// since the sort only costs a useless prefetch.
+func (e *Engine) prefetchVictim(rec uint64) {
+	_, off, _ := capRecParts(rec)
+	meta := e.w(off + nMeta)
+	if meta&metaLive == 0 {
+		return
+	}
+	prefetch.Line(unsafe.Pointer(e.arena.Word(e.w(off + nHolders))))
+	if metaKind(meta) != kindU64 {
+		return
+	}
+	t := e.scopeByID(e.w(off + nScope)).table.Load()
+	th := e.u64TableHash(uint64(e.w(off+nHashLo)) | uint64(e.w(off+nHashHi))<<32)
+	prefetch.Line(unsafe.Pointer(&t.slots[t.home(slotTag(th))]))
 }
 
 // enforceCapLocked evicts until the entry cap and the byte budget hold.

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"math"
+	"unsafe"
 
+	"github.com/inferencecache/inferencecache/engine/internal/prefetch"
 	"github.com/inferencecache/inferencecache/policy"
 )
 
@@ -336,7 +338,7 @@ func (e *Engine) ingestChainLocked(sc *scope, r *replica, p *PrefixEntry, tier T
 // happens in upsertLocked, which reuses the table hash cached in k.
 func (e *Engine) touchSlot(sc *scope, k *key) {
 	t := sc.table.Load()
-	_ = t.slots[t.home(slotTag(e.tableHash(k)))].Load()
+	prefetch.Line(unsafe.Pointer(&t.slots[t.home(slotTag(e.tableHash(k)))]))
 }
 
 // ingestOneLocked writes one legacy entry and returns its node, or 0.

@@ -134,11 +134,14 @@ type key struct {
 	th    uint64
 }
 
+// u64TableHash is the table hash of an 8-byte key with value v.
+func (e *Engine) u64TableHash(v uint64) uint64 { return mix64(v ^ e.seed) }
+
 // tableHash returns (and caches) k's hash-table hash.
 func (e *Engine) tableHash(k *key) uint64 {
 	if !k.hasTh {
 		if k.kind == kindU64 {
-			k.th = mix64(k.v ^ e.seed)
+			k.th = e.u64TableHash(k.v)
 		} else {
 			k.th = hashBytes(k.b, e.seed)
 		}

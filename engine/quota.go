@@ -120,7 +120,7 @@ func (e *Engine) prepareQuotaBucketLocked(q *quotaQueue, b *bucket[int64]) {
 		}
 		var h []byte
 		h, hb = e.sortHash(hb, uint32(r))
-		recs = append(recs, sortRec{rec: r, sc: sc, hash: h})
+		recs = append(recs, sortRec{rec: r, sc: sc, hk: hashKey(h), hash: h})
 	}
 	sortRecs(recs, false)
 	q.records -= len(b.recs) - b.head
