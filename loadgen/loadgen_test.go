@@ -117,6 +117,52 @@ func TestRunAgainstServer(t *testing.T) {
 	}
 }
 
+// TestLookupStreamAgainstServer: with LookupStream every lookup goes on a
+// worker's long-lived LookupRouteStream, in both loops, and the report still
+// agrees with the server's /metrics (the stream's answers count as
+// LookupRoute calls there).
+func TestLookupStreamAgainstServer(t *testing.T) {
+	for _, mode := range []loadgen.Mode{loadgen.OpenLoop, loadgen.ClosedLoop} {
+		t.Run(string(mode), func(t *testing.T) {
+			s := startServer(t, nil)
+			cfg := loadgen.DefaultConfig()
+			cfg.Target = s.grpcAddr()
+			cfg.Mode, cfg.Rate, cfg.Concurrency = mode, 400, 4
+			cfg.Warmup, cfg.Duration = 300*time.Millisecond, time.Second
+			cfg.Replicas, cfg.ReplicaCacheBlocks = 4, 2048
+			cfg.LookupStream = true
+			rep := runLoad(t, cfg)
+			checkAgainstMetrics(t, s, rep, cfg.ModelID)
+			if !rep.Scenario.LookupStream || rep.Lookups.OK < 100 || rep.Lookups.Errors != 0 {
+				t.Errorf("lookup stream %v: %d answers, %d errors", rep.Scenario.LookupStream, rep.Lookups.OK, rep.Lookups.Errors)
+			}
+			if rep.Hints.PrefixMatch <= 0 {
+				t.Errorf("no PREFIX_MATCH over the stream: %+v", rep.Hints)
+			}
+		})
+	}
+}
+
+// TestLookupStreamTimeout: a streamed lookup that outlives RequestTimeout
+// counts as DEADLINE_EXCEEDED and its stream is replaced, so the worker
+// keeps going instead of waiting on a stalled stream.
+func TestLookupStreamTimeout(t *testing.T) {
+	s := startServer(t, func(i rpc.Index) rpc.Index { return slowIndex{Index: i, delay: 60 * time.Millisecond} })
+	cfg := loadgen.DefaultConfig()
+	cfg.Target = s.grpcAddr()
+	cfg.Mode, cfg.Concurrency = loadgen.ClosedLoop, 2
+	cfg.Warmup, cfg.Duration = 0, time.Second
+	cfg.RequestTimeout = 20 * time.Millisecond
+	cfg.Replicas = 2
+	cfg.LookupStream = true
+	rep := runLoad(t, cfg)
+	// Each lookup waits 20 ms for its answer, then the worker opens a new
+	// stream: about 50 lookups a second per worker, all timed out.
+	if n := rep.Lookups.ErrorsByCode["DeadlineExceeded"]; n < 20 {
+		t.Errorf("%d DeadlineExceeded errors in 1 s of 20 ms timeouts on 2 workers (errors %v, ok %d)", n, rep.Lookups.ErrorsByCode, rep.Lookups.OK)
+	}
+}
+
 func TestClosedLoopTraceReplay(t *testing.T) {
 	s := startServer(t, nil)
 	cfg := loadgen.DefaultConfig()
