@@ -2,8 +2,8 @@ package engine
 
 import (
 	"bytes"
-	"encoding/binary"
 	"cmp"
+	"encoding/binary"
 	"slices"
 	"unsafe"
 

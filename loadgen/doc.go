@@ -9,7 +9,8 @@
 //     the streams waits for the server's Ack, a barrier after which every
 //     report is visible.
 //  2. Lookups, for Warmup + Duration: LookupRoute calls for the workload's
-//     requests, open loop (a constant or Poisson schedule at Rate, or the
+//     requests (with LookupStream, requests on one long-lived
+//     LookupRouteStream per worker instead), open loop (a constant or Poisson schedule at Rate, or the
 //     trace's own arrivals) or closed loop (Concurrency workers back to
 //     back). Each answer routes its request to a replica (the first score,
 //     or the least-loaded emulated replica when there is none), which after
