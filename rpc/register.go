@@ -23,10 +23,10 @@ func ServerOptions() []grpc.ServerOption {
 }
 
 // Register registers svc on gs as pb.RegisterInferenceCacheServer does,
-// except that LookupRoute, LookupRouteStream and ReportCacheState decode into
-// reused memory (lookupCall, updateMsg). gs must have been built with ServerOptions; the
-// handlers stay correct under the standard codec (the pooled types are
-// proto messages), only slower.
+// except that LookupRoute, LookupRouteStream and ReportCacheState decode
+// into reused memory (lookupCall, updateMsg). gs must have been built with
+// ServerOptions; the handlers stay correct under the standard codec (the
+// pooled types are proto messages), only slower.
 func Register(gs grpc.ServiceRegistrar, svc *Service) {
 	desc := pb.InferenceCache_ServiceDesc
 	desc.Methods = append([]grpc.MethodDesc(nil), desc.Methods...)
