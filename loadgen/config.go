@@ -58,10 +58,10 @@ type Config struct {
 	// Warmup runs first and is excluded from the latency and reason
 	// figures; Duration is the measured window after it.
 	Warmup, Duration time.Duration
-	// LookupStream sends every lookup on a long-lived LookupRouteStream,
-	// one per worker (reopened after an error), instead of a unary
-	// LookupRoute call each; RequestTimeout then bounds each lookup on its
-	// stream. A connection the run dials itself sets fixed flow-control
+	// LookupStream sends the lookups through a lookupclient.Client, on
+	// long-lived LookupRouteStream streams (as many as Concurrency), instead
+	// of a unary LookupRoute call each; RequestTimeout still bounds each
+	// lookup. A connection the run dials itself sets fixed flow-control
 	// windows, as docs/wire.md recommends for stream clients.
 	LookupStream bool
 

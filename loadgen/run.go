@@ -2,19 +2,17 @@ package loadgen
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/inferencecache/inferencecache/lookupclient"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -73,9 +71,12 @@ type job struct {
 
 // runner is one Run in progress.
 type runner struct {
-	cfg     *Config
-	src     *source
-	client  pb.InferenceCacheClient
+	cfg    *Config
+	src    *source
+	client pb.InferenceCacheClient
+	// lookup is the lookup call: the unary LookupRoute, or with
+	// LookupStream a lookupclient's, on the workers' streams.
+	lookup  func(context.Context, *pb.LookupRouteRequest, ...grpc.CallOption) (*pb.LookupRouteResponse, error)
 	cluster *cluster
 	first   uint64 // stream index of the first lookup (after populate)
 
@@ -126,6 +127,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		conn = cc
 	}
 	r := &runner{cfg: &cfg, src: src, client: pb.NewInferenceCacheClient(conn)}
+	r.lookup = r.client.LookupRoute
+	if cfg.LookupStream {
+		// One stream per worker: a worker has one lookup in flight, so no
+		// call falls back to a unary call.
+		lc := lookupclient.New(conn, lookupclient.Options{Streams: cfg.Concurrency})
+		defer lc.Close()
+		r.lookup = lc.LookupRoute
+	}
 	r.cluster = newCluster(r.cfg, r.client, src)
 	return r.run(ctx)
 }
@@ -353,7 +362,6 @@ func (r *runner) openLoop(ctx context.Context, end, drainBy time.Time) {
 
 func (r *runner) openWorker(ctx context.Context, rec *recorder, jobs <-chan job, drainBy time.Time) {
 	var w worker
-	defer w.closeStream()
 	for j := range jobs {
 		if ctx.Err() != nil || time.Now().After(drainBy) {
 			r.unfinished.Add(1)
@@ -371,7 +379,6 @@ func (r *runner) closedLoop(ctx context.Context, end time.Time) {
 	for w := range r.recs {
 		wg.Go(func() {
 			var wk worker
-			defer wk.closeStream()
 			for ctx.Err() == nil {
 				now := time.Now()
 				if !now.Before(end) {
@@ -385,67 +392,10 @@ func (r *runner) closedLoop(ctx context.Context, end time.Time) {
 	wg.Wait()
 }
 
-// worker is one sender's reusable request state, and its lookup stream
-// with LookupStream.
+// worker is one sender's reusable request state.
 type worker struct {
 	buf chainBuf
 	req pb.LookupRouteRequest
-
-	// stream is the open lookup stream (nil: none); cancel ends it, and
-	// expiry calls cancel when a lookup on it outlives RequestTimeout.
-	// Only the worker's goroutine touches them (the timer's callback only
-	// calls the stream's own cancel).
-	stream pb.InferenceCache_LookupRouteStreamClient
-	cancel context.CancelFunc
-	expiry *time.Timer
-}
-
-// errStreamLookupTimeout is a streamed lookup that outlived RequestTimeout;
-// its stream was cancelled.
-var errStreamLookupTimeout = status.Error(codes.DeadlineExceeded, "lookup on the stream exceeded the request timeout")
-
-// streamLookup sends the worker's request on its lookup stream (opening one
-// if needed) and waits for the answer, at most RequestTimeout. After any
-// error the stream is closed; the next lookup opens a new one.
-func (w *worker) streamLookup(ctx context.Context, r *runner) (*pb.LookupRouteResponse, error) {
-	if w.stream == nil {
-		sctx, cancel := context.WithCancel(ctx)
-		st, err := r.client.LookupRouteStream(sctx)
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		w.stream, w.cancel = st, cancel
-		w.expiry = time.AfterFunc(time.Hour, cancel)
-		w.expiry.Stop()
-	}
-	w.expiry.Reset(r.cfg.RequestTimeout)
-	err := w.stream.Send(&w.req)
-	if errors.Is(err, io.EOF) {
-		err = nil // the server ended the stream: Recv returns its status
-	}
-	var resp *pb.LookupRouteResponse
-	if err == nil {
-		resp, err = w.stream.Recv()
-	}
-	fired := !w.expiry.Stop() // the stream's context is cancelled
-	if fired && err != nil && ctx.Err() == nil {
-		err = errStreamLookupTimeout
-	}
-	if err != nil || fired {
-		w.closeStream()
-	}
-	return resp, err
-}
-
-// closeStream ends the worker's lookup stream, if any.
-func (w *worker) closeStream() {
-	if w.stream == nil {
-		return
-	}
-	w.expiry.Stop()
-	w.cancel()
-	w.stream, w.cancel, w.expiry = nil, nil, nil
 }
 
 // lookup sends stream request i, records the outcome, and feeds the
@@ -461,15 +411,9 @@ func (w *worker) lookup(ctx context.Context, r *runner, rec *recorder, i uint64,
 	w.req.BlockHashes, w.req.BlockTokenCounts = hashes, counts
 
 	sent := time.Now()
-	var resp *pb.LookupRouteResponse
-	var err error
-	if cfg.LookupStream {
-		resp, err = w.streamLookup(ctx, r)
-	} else {
-		cctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
-		resp, err = r.client.LookupRoute(cctx, &w.req)
-		cancel()
-	}
+	cctx, cancel := context.WithTimeout(ctx, cfg.RequestTimeout)
+	resp, err := r.lookup(cctx, &w.req)
+	cancel()
 	done := time.Now()
 	lat := done.Sub(intended)
 	if sent.Before(intended) {
