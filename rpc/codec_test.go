@@ -54,6 +54,10 @@ func codecSeeds() [][]byte {
 		protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "\xff\xfe"),                    // invalid UTF-8
 		lk[:len(lk)-3], // truncated
 		nil,
+		// A block hash past the one-byte-length fast path, and one cut
+		// short inside the fast path.
+		protowire.AppendBytes(protowire.AppendTag(nil, 7, protowire.BytesType), bytes.Repeat([]byte{7}, 200)),
+		protowire.AppendBytes(protowire.AppendTag(nil, 7, protowire.BytesType), h(5))[:6],
 	)
 	return out
 }
