@@ -11,10 +11,13 @@
 // A call takes an idle stream, or opens one while fewer than Streams are
 // open; when every stream is busy it makes a unary call instead, so a burst
 // never queues behind the pool. A stream that fails is dropped (the next
-// call opens a new one). A stream the server ended before the call's
-// request reached it (a draining server ends its streams after an answer)
-// is retried once as a unary call, which the drain's GOAWAY sends to a ready
-// server; a request that may have reached the server is never retried.
+// call opens a new one). A call whose stream ends with UNAVAILABLE and no
+// answer is retried once as a unary call: a draining server ends its
+// streams that way right after an answer, so the request was never read,
+// and the drain's GOAWAY sends the retry to a ready server. (A broken
+// connection also gives UNAVAILABLE; the retry may then repeat a lookup the
+// server did run, which only repeats its small side effects: an LFU credit
+// and the routed-load count of load-aware routing.)
 package lookupclient
 
 import (
@@ -24,6 +27,7 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -82,7 +86,8 @@ func New(conn grpc.ClientConnInterface, o Options) *Client {
 
 // LookupRoute answers req as the unary LookupRoute would, bounded by ctx.
 // Errors are gRPC statuses; a call that ctx ends gets its
-// DEADLINE_EXCEEDED or CANCELED status.
+// DEADLINE_EXCEEDED or CANCELED status. opts apply to the calls that go
+// unary; a streamed lookup ignores them.
 func (c *Client) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest, opts ...grpc.CallOption) (*pb.LookupRouteResponse, error) {
 	if c.closed.Load() {
 		return c.rpc.LookupRoute(ctx, req, opts...)
@@ -92,7 +97,7 @@ func (c *Client) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest, op
 		c.unaryFallbacks.Add(1)
 		return c.rpc.LookupRoute(ctx, req, opts...)
 	}
-	resp, err, unsent := c.lookup(ctx, s, req)
+	resp, err, retry := c.lookup(ctx, s, req)
 	if err == nil && !s.cancelled {
 		c.put(s)
 		return resp, nil
@@ -101,7 +106,7 @@ func (c *Client) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest, op
 	if err == nil {
 		return resp, nil // the answer came as ctx ended: keep it, not the stream
 	}
-	if unsent && ctx.Err() == nil {
+	if retry && ctx.Err() == nil {
 		c.unaryFallbacks.Add(1)
 		return c.rpc.LookupRoute(ctx, req, opts...)
 	}
@@ -168,9 +173,9 @@ func (c *Client) closeIdle() {
 
 // lookup sends req on s (opening the stream first if s is a reservation)
 // and waits for the answer. ctx ending cancels the stream, which ends the
-// wait. unsent reports that the server cannot have seen req: the stream was
-// already over when it was sent, or could not be opened.
-func (c *Client) lookup(ctx context.Context, s *lookupStream, req *pb.LookupRouteRequest) (resp *pb.LookupRouteResponse, err error, unsent bool) {
+// wait. retry reports an error a unary call may fix: the stream could not
+// be opened, or ended with UNAVAILABLE (see the package comment).
+func (c *Client) lookup(ctx context.Context, s *lookupStream, req *pb.LookupRouteRequest) (resp *pb.LookupRouteResponse, err error, retry bool) {
 	if s.st == nil {
 		sctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
@@ -182,18 +187,13 @@ func (c *Client) lookup(ctx context.Context, s *lookupStream, req *pb.LookupRout
 	}
 	stop := context.AfterFunc(ctx, s.cancel)
 	defer func() { s.cancelled = !stop() }()
-	if err := s.st.Send(req); err != nil {
-		if errors.Is(err, io.EOF) {
-			// The server had ended the stream: Recv has its status, and
-			// req was never read.
-			_, err = s.st.Recv()
-			return nil, ctxErr(ctx, err), true
-		}
-		return nil, ctxErr(ctx, err), false
+	// Send reports a stream that has ended as io.EOF; Recv then has its
+	// status, as it does when the stream ends while req is in flight.
+	if err = s.st.Send(req); err == nil || errors.Is(err, io.EOF) {
+		resp, err = s.st.Recv()
 	}
-	resp, err = s.st.Recv()
 	if err != nil {
-		return nil, ctxErr(ctx, err), false
+		return nil, ctxErr(ctx, err), status.Code(err) == codes.Unavailable
 	}
 	return resp, nil, false
 }
