@@ -97,7 +97,7 @@ func (c *Client) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest, op
 		c.unaryFallbacks.Add(1)
 		return c.rpc.LookupRoute(ctx, req, opts...)
 	}
-	resp, err, retry := c.lookup(ctx, s, req)
+	resp, retry, err := c.lookup(ctx, s, req)
 	if err == nil && !s.cancelled {
 		c.put(s)
 		return resp, nil
@@ -175,14 +175,14 @@ func (c *Client) closeIdle() {
 // and waits for the answer. ctx ending cancels the stream, which ends the
 // wait. retry reports an error a unary call may fix: the stream could not
 // be opened, or ended with UNAVAILABLE (see the package comment).
-func (c *Client) lookup(ctx context.Context, s *lookupStream, req *pb.LookupRouteRequest) (resp *pb.LookupRouteResponse, err error, retry bool) {
+func (c *Client) lookup(ctx context.Context, s *lookupStream, req *pb.LookupRouteRequest) (resp *pb.LookupRouteResponse, retry bool, err error) {
 	if s.st == nil {
 		sctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
 		stop := context.AfterFunc(ctx, cancel) // bound the open by the call
 		s.st, err = c.rpc.LookupRouteStream(sctx)
 		if s.cancelled = !stop(); s.cancelled || err != nil {
-			return nil, ctxErr(ctx, err), true
+			return nil, true, ctxErr(ctx, err)
 		}
 	}
 	stop := context.AfterFunc(ctx, s.cancel)
@@ -193,9 +193,9 @@ func (c *Client) lookup(ctx context.Context, s *lookupStream, req *pb.LookupRout
 		resp, err = s.st.Recv()
 	}
 	if err != nil {
-		return nil, ctxErr(ctx, err), status.Code(err) == codes.Unavailable
+		return nil, status.Code(err) == codes.Unavailable, ctxErr(ctx, err)
 	}
-	return resp, nil, false
+	return resp, false, nil
 }
 
 // ctxErr prefers the call context's own status once it has ended (the
