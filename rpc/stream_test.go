@@ -3,10 +3,13 @@ package rpc_test
 import (
 	"io"
 	"math/rand/v2"
+	"net"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -173,5 +176,76 @@ func TestLookupRouteStreamDrain(t *testing.T) {
 				t.Fatalf("unary lookup while draining: %v, %v", r, err)
 			}
 		})
+	}
+}
+
+// rawCodec sends and receives message bytes as they are, so a test can put
+// bytes on the wire that no proto message marshals to.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
+
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*v.(*[]byte) = append([]byte(nil), data...)
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+// TestLookupRouteStreamMalformedMessage: a message that does not decode
+// ends the stream with grpc-go's INTERNAL status, as it fails a unary call;
+// the answers before it were delivered and the server keeps serving.
+func TestLookupRouteStreamMalformedMessage(t *testing.T) {
+	env := newEnv(t, envOpts{})
+	env.seed(t, "team")
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(rpc.ServerOptions()...)
+	rpc.Register(gs, env.svc)
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	desc := &grpc.StreamDesc{StreamName: "LookupRouteStream", ClientStreams: true, ServerStreams: true}
+	st, err := conn.NewStream(ctx(t), desc, pb.InferenceCache_LookupRouteStream_FullMethodName, grpc.ForceCodec(rawCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, ac := chainOf(chainA, 8)
+	good, err := proto.Marshal(&pb.LookupRouteRequest{TenantId: "team", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SendMsg(&good); err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	if err := st.RecvMsg(&out); err != nil {
+		t.Fatalf("answer to the good request: %v", err)
+	}
+	var resp pb.LookupRouteResponse
+	if err := proto.Unmarshal(out, &resp); err != nil || resp.GetReasonCode() != rpc.ReasonPrefixMatch {
+		t.Fatalf("answer %v (%v), want PREFIX_MATCH", &resp, err)
+	}
+	bad := []byte{0x3a, 0x10, 1, 2} // block hash field claiming 16 bytes, 2 present
+	if err := st.SendMsg(&bad); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.RecvMsg(&out); status.Code(err) != codes.Internal {
+		t.Fatalf("after a malformed message: %v, want INTERNAL", err)
+	}
+	// The server still answers, on a new stream.
+	client := pb.NewInferenceCacheClient(conn)
+	s2, err := client.LookupRouteStream(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := streamLookup(t, s2, &pb.LookupRouteRequest{TenantId: "team", ModelId: model, HashScheme: scheme, BlockHashes: a, BlockTokenCounts: ac}); r.GetReasonCode() != rpc.ReasonPrefixMatch {
+		t.Fatalf("a new stream after the malformed one: %v", r)
 	}
 }
