@@ -95,6 +95,8 @@ func reportCacheStateHandler(srv any, stream grpc.ServerStream) error {
 // after an answer once the service drains (see Service.LookupRouteStream).
 func lookupRouteStreamHandler(srv any, stream grpc.ServerStream) error {
 	s := srv.(*Service)
+	s.lookupStreams.Add(1)
+	defer s.lookupStreams.Add(-1)
 	ctx := stream.Context()
 	for {
 		c := getLookupCall()

@@ -228,8 +228,10 @@ type Service struct {
 	batcher *ingestBatcher
 
 	// draining is set once by Drain; lookup streams load it after each
-	// answer and end when it is set.
-	draining atomic.Bool
+	// answer and end when it is set. lookupStreams counts the lookup
+	// stream handlers running (added to on entry and exit).
+	draining      atomic.Bool
+	lookupStreams atomic.Int64
 
 	// lookupUnary is serveLookupUnary as a method value, made once so the
 	// pooled handler passes it to interceptors without allocating.
@@ -333,6 +335,8 @@ func (s *Service) Drain() { s.draining.Store(true) }
 // the service is registered with pb.RegisterInferenceCacheServer; Register
 // installs an equivalent handler that reuses memory across requests.
 func (s *Service) LookupRouteStream(stream pb.InferenceCache_LookupRouteStreamServer) error {
+	s.lookupStreams.Add(1)
+	defer s.lookupStreams.Add(-1)
 	ctx := stream.Context()
 	for {
 		req, err := stream.Recv()
@@ -351,6 +355,9 @@ func (s *Service) LookupRouteStream(stream pb.InferenceCache_LookupRouteStreamSe
 		}
 	}
 }
+
+// LookupStreamsOpen returns how many LookupRouteStream streams are open.
+func (s *Service) LookupStreamsOpen() int64 { return s.lookupStreams.Load() }
 
 // RenderTemplate is a stub: OK with empty bytes (contract §1).
 func (*Service) RenderTemplate(context.Context, *pb.RenderTemplateRequest) (*pb.RenderTemplateResponse, error) {

@@ -118,6 +118,10 @@ func TestLookupRouteStreamMatchesUnary(t *testing.T) {
 			if _, err := stream.Recv(); err != io.EOF {
 				t.Fatalf("Recv after the last answer = %v, want EOF", err)
 			}
+			// The handler returned before the client saw the end.
+			if n := env.svc.LookupStreamsOpen(); n != 0 {
+				t.Fatalf("LookupStreamsOpen = %d after the stream ended, want 0", n)
+			}
 			if err := <-sent; err != nil {
 				t.Fatal(err)
 			}

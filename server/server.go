@@ -307,6 +307,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the gRPC service: %w", err)
 	}
+	s.metrics.RegisterLookupStreams(s.service.LookupStreamsOpen)
 	s.prober = probe.New(probe.Config{Index: s.engine, T2: cfg.T2, Logger: log})
 
 	control, err := s.controlHandler()

@@ -525,6 +525,9 @@ func TestDrainEndsLookupStreams(t *testing.T) {
 	if err := lookup(); err != nil {
 		t.Fatalf("before the drain: %v", err)
 	}
+	if v, _ := servertest.Value(servertest.Scrape(t, s.Server), "inferencecache_lookup_streams_open", ""); v != 1 {
+		t.Fatalf("lookup_streams_open = %v with one stream open, want 1", v)
+	}
 	began := time.Now()
 	s.Stop()
 	// The gateway keeps looking up (bounded): the stream ends after at most
