@@ -92,7 +92,7 @@ func reportCacheStateHandler(srv any, stream grpc.ServerStream) error {
 // decoded into a pooled call and answered from the call's response, which
 // Codec.Marshal releases, exactly as lookupRouteHandler does for one unary
 // call. It answers in order, one request at a time, and ends the stream
-// after an answer once the service drains (see Service.LookupRouteStream).
+// after an answer once the service drains (see Service.Drain).
 func lookupRouteStreamHandler(srv any, stream grpc.ServerStream) error {
 	s := srv.(*Service)
 	s.lookupStreams.Add(1)

@@ -28,7 +28,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -332,28 +331,12 @@ func (s *Service) Drain() { s.draining.Store(true) }
 
 // LookupRouteStream answers each request on the stream, in order, with what
 // LookupRoute gives it. This is the generated interface's method, used when
-// the service is registered with pb.RegisterInferenceCacheServer; Register
-// installs an equivalent handler that reuses memory across requests.
+// the service is registered with pb.RegisterInferenceCacheServer; it runs
+// Register's handler, whose pooled messages are proto messages too, so under
+// the standard codec it answers the same (its calls are left to the GC
+// instead of going back to the pool).
 func (s *Service) LookupRouteStream(stream pb.InferenceCache_LookupRouteStreamServer) error {
-	s.lookupStreams.Add(1)
-	defer s.lookupStreams.Add(-1)
-	ctx := stream.Context()
-	for {
-		req, err := stream.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-		resp, _ := s.LookupRoute(ctx, req) // LookupRoute never fails: it fails open
-		if err := stream.Send(resp); err != nil {
-			return err
-		}
-		if s.draining.Load() {
-			return errDrainingStream
-		}
-	}
+	return lookupRouteStreamHandler(s, stream)
 }
 
 // LookupStreamsOpen returns how many LookupRouteStream streams are open.

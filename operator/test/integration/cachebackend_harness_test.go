@@ -374,6 +374,22 @@ func enginePod(t *testing.T, ctx context.Context, ns, name string, labels, annot
 	return p
 }
 
+// engineDeployment creates an engine Deployment whose pod template carries
+// labels (its selector too) and annotations: what the restart cascade rolls.
+func engineDeployment(t *testing.T, ctx context.Context, ns, name string, labels, annotations map[string]string) {
+	t.Helper()
+	wantOK(t, "deployment "+name, k8s.Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
+			},
+		},
+	}))
+}
+
 // counterValue reads a counter of the controller-runtime registry by its
 // full label set; ok is false when the series does not exist.
 func counterValue(name string, labels map[string]string) (float64, bool) {

@@ -472,17 +472,7 @@ func TestCacheBackendRestartCascade(t *testing.T) {
 	env := startBackendController(t, ns)
 	setSnapshot(t)
 	engineDep := func(name, app string) {
-		labels := map[string]string{"app": app}
-		wantOK(t, "deployment "+name, k8s.Create(ctx, &appsv1.Deployment{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: appsv1.DeploymentSpec{
-				Selector: &metav1.LabelSelector{MatchLabels: labels},
-				Template: corev1.PodTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: labels},
-					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
-				},
-			},
-		}))
+		engineDeployment(t, ctx, ns, name, map[string]string{"app": app}, nil)
 	}
 	engineDep("llama", "llama")
 	engineDep("other", "other")
@@ -542,16 +532,7 @@ func TestCacheBackendScaleIsNoReplacement(t *testing.T) {
 	env := startBackendController(t, ns)
 	setSnapshot(t)
 	labels := map[string]string{"app": "llama"}
-	wantOK(t, "engine deployment", k8s.Create(ctx, &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama"},
-		Spec: appsv1.DeploymentSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
-			},
-		},
-	}))
+	engineDeployment(t, ctx, ns, "llama", labels, nil)
 	trigger := func() string { return restartTrigger(t, ctx, ns, "llama") }
 	cascades := func() float64 { return cascadeCount(ns, "lmc") }
 	instance := func(want string) {
@@ -634,16 +615,7 @@ func TestCacheBackendOptedOutPods(t *testing.T) {
 	}}
 	wantOK(t, "pod status", k8s.Status().Update(ctx, looping))
 	engineDep := func(name string, annotations map[string]string) {
-		wantOK(t, "deployment "+name, k8s.Create(ctx, &appsv1.Deployment{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: appsv1.DeploymentSpec{
-				Selector: &metav1.LabelSelector{MatchLabels: llama},
-				Template: corev1.PodTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: llama, Annotations: annotations},
-					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
-				},
-			},
-		}))
+		engineDeployment(t, ctx, ns, name, llama, annotations)
 	}
 	engineDep("wired", nil)
 	engineDep("unwired", optOut)
@@ -832,16 +804,7 @@ func TestCacheBackendClaimsFollowTheWebhook(t *testing.T) {
 	setSnapshot(t)
 	labels := map[string]string{"app": "llama"}
 	enginePod(t, ctx, ns, "llama-0", labels, nil)
-	wantOK(t, "deployment", k8s.Create(ctx, &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "llama"},
-		Spec: appsv1.DeploymentSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
-			},
-		},
-	}))
+	engineDeployment(t, ctx, ns, "llama", labels, nil)
 	wantOK(t, "backend aaa", k8s.Create(ctx, cbObj(ns, "aaa", "llama", nil)))
 	wantOK(t, "backend lmc", k8s.Create(ctx, cbObj(ns, "lmc", "llama", nil)))
 	matched := func(name string, want int32, msg string) {
@@ -898,16 +861,7 @@ func TestCacheBackendCrossNamespaceClaims(t *testing.T) {
 	setSnapshot(t)
 	labels := map[string]string{"app": "xllama"}
 	pod := enginePod(t, ctx, other, "x-0", labels, map[string]string{controller.InjectedByAnnotation: home + "/shared"})
-	wantOK(t, "deployment", k8s.Create(ctx, &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: other, Name: "xllama"},
-		Spec: appsv1.DeploymentSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm"}}},
-			},
-		},
-	}))
+	engineDeployment(t, ctx, other, "xllama", labels, nil)
 	wantOK(t, "backend", k8s.Create(ctx, cbObj(home, "shared", "xllama", func(b *v1alpha1.CacheBackend) { b.Spec.AllowCrossNamespace = true })))
 	eventually(t, 10*time.Second, func() error {
 		b, err := getBackend(ctx, home, "shared")
