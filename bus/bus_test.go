@@ -179,7 +179,8 @@ func TestReplayThenLive(t *testing.T) {
 // nothing lost or applied twice.
 func TestNATSRestartResumes(t *testing.T) {
 	ns := bustest.Start(t)
-	p := newPublisher(t, connect(t, ns.URL()))
+	pc := connect(t, ns.URL())
+	p := newPublisher(t, pc)
 	subj := bus.Subject("T", "ns", "m")
 	var rec recorder
 	c := startConsumer(t, connect(t, ns.URL()), &rec)
@@ -187,7 +188,10 @@ func TestNATSRestartResumes(t *testing.T) {
 	waitFor(t, 10*time.Second, "first messages", func() bool { return rec.len() == 200 })
 
 	ns.Stop()
-	waitFor(t, 5*time.Second, "disconnect", func() bool { return !c.Progress().Connected })
+	// Each side has its own connection, and each notices the stop on its
+	// own time: wait for both (CI once published before the publisher's
+	// connection had seen the stop).
+	waitFor(t, 5*time.Second, "disconnect", func() bool { return !c.Progress().Connected && !pc.IsConnected() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	err := p.Publish(ctx, subj, bus.KindUpdate, &pb.CacheStateUpdate{})
 	cancel()
