@@ -171,6 +171,12 @@ type Source interface {
 // are made.
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
+var (
+	_ Source = (*Fixed)(nil)
+	_ Source = (*File)(nil)
+	_ Source = (*InferencePool)(nil)
+)
+
 // Fixed is a Source of one pool that never changes (tests, embedding).
 type Fixed struct {
 	// p is the pool served; NewFixed and Set store it, Pool loads it.
