@@ -1,15 +1,10 @@
-// Package endpoints says which endpoints an endpoint picker may choose from:
-// an immutable Pool (the serving addresses, the replica id each one's KV
-// events are reported under, and the index scope requests resolve to),
-// published by a Source. Sources: Fixed (one pool, for tests and
-// embedding), a static file (--endpoints-file) and an InferencePool with
-// its Ready pods (--inference-pool).
 package endpoints
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -63,7 +58,7 @@ var (
 )
 
 // NewPool validates and indexes a pool. Addresses must be ip:port with a
-// port in 1..65535; addresses and replica ids must be unique and non-empty.
+// port in 1..65535 (no IPv6 zone: it means nothing to the gateway); addresses and replica ids must be unique and non-empty.
 // models maps a request's model name to its scope; a name it lacks
 // resolves to itself with no adapter. hashScheme "" is DefaultHashScheme.
 // NewPool copies its inputs.
@@ -93,7 +88,7 @@ func NewPool(tenant, hashScheme string, models map[string]Model, eps []Endpoint)
 			return nil, fmt.Errorf("%w: address %q has no replica id", ErrInvalidEndpoint, ep.Address)
 		}
 		ap, err := netip.ParseAddrPort(ep.Address)
-		if err != nil || ap.Port() == 0 {
+		if err != nil || ap.Port() == 0 || ap.Addr().Zone() != "" {
 			return nil, fmt.Errorf("%w: address %q of replica %q is not ip:port", ErrInvalidEndpoint, ep.Address, ep.ReplicaID)
 		}
 		ep.Address = ap.String() // canonical, as Envoy writes it back
@@ -139,6 +134,16 @@ func (p *Pool) ByReplica(id string) (Endpoint, bool) {
 	return p.Endpoints[i], true
 }
 
+// Equal reports whether p and q have the same tenant, hash scheme, model
+// map and endpoints. Two nil pools are equal; nil equals no non-nil pool.
+func (p *Pool) Equal(q *Pool) bool {
+	if p == nil || q == nil {
+		return p == q
+	}
+	return p.Tenant == q.Tenant && p.HashScheme == q.HashScheme &&
+		slices.Equal(p.Endpoints, q.Endpoints) && maps.Equal(p.models, q.models)
+}
+
 // Len is the number of endpoints; 0 for a nil Pool.
 func (p *Pool) Len() int {
 	if p == nil {
@@ -154,12 +159,29 @@ type Source interface {
 	// immutable.
 	Pool() *Pool
 	// Run keeps the pool current until ctx ends; it returns nil then, or
-	// an error that stops the source for good.
+	// an error that stops the source for good. Call it once.
 	Run(ctx context.Context) error
+	// Synced is closed once the source has published its first pool, so
+	// readiness can wait for "endpoints known" (the file and InferencePool
+	// sources never return a nil Pool after that). It is never reopened.
+	Synced() <-chan struct{}
 }
 
+// closed is the Synced channel of sources that know their pool when they
+// are made.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+var (
+	_ Source = (*Fixed)(nil)
+	_ Source = (*File)(nil)
+	_ Source = (*InferencePool)(nil)
+)
+
 // Fixed is a Source of one pool that never changes (tests, embedding).
-type Fixed struct{ p atomic.Pointer[Pool] }
+type Fixed struct {
+	// p is the pool served; NewFixed and Set store it, Pool loads it.
+	p atomic.Pointer[Pool]
+}
 
 // NewFixed returns a Source that always serves p.
 func NewFixed(p *Pool) *Fixed {
@@ -173,6 +195,10 @@ func (f *Fixed) Pool() *Pool { return f.p.Load() }
 
 // Set replaces the pool (tests that change endpoints at run time).
 func (f *Fixed) Set(p *Pool) { f.p.Store(p) }
+
+// Synced implements Source: a Fixed source is synced when it is made,
+// whatever pool (nil included) it was given.
+func (f *Fixed) Synced() <-chan struct{} { return closed }
 
 // Run implements Source: it waits for ctx.
 func (f *Fixed) Run(ctx context.Context) error {

@@ -50,6 +50,7 @@ func TestNewPoolRejects(t *testing.T) {
 	f("no port", ErrInvalidEndpoint, "t", Endpoint{ReplicaID: "a", Address: "10.0.0.1"})
 	f("port 0", ErrInvalidEndpoint, "t", Endpoint{ReplicaID: "a", Address: "10.0.0.1:0"})
 	f("hostname", ErrInvalidEndpoint, "t", Endpoint{ReplicaID: "a", Address: "pod-a:80"})
+	f("v6 zone", ErrInvalidEndpoint, "t", Endpoint{ReplicaID: "a", Address: "[fe80::1%eth0]:80"})
 	f("dup address", ErrInvalidPool, "t", Endpoint{ReplicaID: "a", Address: "10.0.0.1:80"}, Endpoint{ReplicaID: "b", Address: "10.0.0.1:80"})
 	f("dup replica", ErrInvalidPool, "t", Endpoint{ReplicaID: "a", Address: "10.0.0.1:80"}, Endpoint{ReplicaID: "a", Address: "10.0.0.2:80"})
 	if _, err := NewPool("t", "", map[string]Model{"x": {}}, nil); !errors.Is(err, ErrInvalidPool) {
