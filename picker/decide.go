@@ -99,7 +99,7 @@ func (p *Picker) decide(s *stream, body []byte, noBody string) *immediateRespons
 
 	reason := noBody
 	var resp *pb.LookupRouteResponse
-	tieKey := s.path
+	tieKey := fnv64(s.path, 0)
 	if body != nil {
 		r, err := request.Parse(s.path, body)
 		switch {
@@ -156,9 +156,8 @@ func (p *Picker) decide(s *stream, body []byte, noBody string) *immediateRespons
 		reason = ReasonNone
 	}
 	// Fill the list (or pick outright) by least load.
-	h := fnv64(tieKey)
 	for d.n < maxN {
-		ep, ok := p.leastLoaded(eligible, d, h)
+		ep, ok := p.leastLoaded(eligible, d, tieKey)
 		if !ok {
 			break
 		}
@@ -203,7 +202,7 @@ func (p *Picker) leastLoaded(eligible []endpoints.Endpoint, d *decision, key uin
 			continue
 		}
 		load := p.inflight.load(ep.Address)
-		hh := mix(key ^ fnv64(ep.Address))
+		hh := mix(key ^ fnv64(ep.Address, 0))
 		if !found || load < bestLoad || (load == bestLoad && hh > bestHash) {
 			best, bestLoad, bestHash, found = ep, load, hh, true
 		}
@@ -263,16 +262,20 @@ func (p *Picker) lookupTokens(ctx context.Context, d *decision, pool *endpoints.
 	return resp
 }
 
-// conversationKey identifies a conversation across its turns: the model
-// and the first message (or the completion prompt's head).
-func conversationKey(r *request.Request) string {
+// conversationKey identifies a conversation across its turns: a hash of
+// the model and the head of the first message (or of the completion
+// prompt).
+func conversationKey(r *request.Request) uint64 {
+	const head = 512
+	h := fnv64(r.Model, 0)
 	switch {
 	case len(r.Messages) > 0:
-		return r.Model + "\x00" + string(r.Messages[0].Raw)
+		raw := r.Messages[0].Raw
+		h = fnv64b(raw[:min(len(raw), head)], h)
 	case r.Prompt != "":
-		return r.Model + "\x00" + r.Prompt[:min(len(r.Prompt), 512)]
+		h = fnv64(r.Prompt[:min(len(r.Prompt), head)], h)
 	}
-	return r.Model
+	return h
 }
 
 func containsAddr(eps []endpoints.Endpoint, addr string) bool {
@@ -297,11 +300,24 @@ func canonicalAddr(a string) string {
 	return a
 }
 
-// fnv64 is FNV-1a over s: a fixed hash, the same in every process.
-func fnv64(s string) uint64 {
-	h := uint64(14695981039346656037)
+// fnv64 is FNV-1a over s, continuing from seed (0: a fresh hash): a
+// fixed hash, the same in every process.
+func fnv64(s string, seed uint64) uint64 {
+	h := seed
+	if h == 0 {
+		h = 14695981039346656037
+	}
 	for i := 0; i < len(s); i++ {
 		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+func fnv64b(b []byte, seed uint64) uint64 {
+	h := seed
+	for _, c := range b {
+		h ^= uint64(c)
 		h *= 1099511628211
 	}
 	return h

@@ -154,17 +154,12 @@ func (ps *pickerServer) setReadyLocked(ready bool) {
 }
 
 // pickerCreds returns the ext_proc listener's TLS credentials, nil for
-// plaintext.
+// plaintext (validate checked the flags' combination).
 func pickerCreds(pc PickerConfig) (credentials.TransportCredentials, error) {
 	switch {
-	case pc.Plaintext && (pc.CertFile != "" || pc.KeyFile != ""):
-		return nil, fmt.Errorf("%w: --ext-proc-plaintext and --ext-proc-tls-cert-file/--ext-proc-tls-key-file exclude each other", ErrTLSConfig)
 	case pc.Plaintext:
 		return nil, nil
-	case pc.CertFile != "" || pc.KeyFile != "":
-		if pc.CertFile == "" || pc.KeyFile == "" {
-			return nil, fmt.Errorf("%w: --ext-proc-tls-cert-file and --ext-proc-tls-key-file must be set together", ErrTLSConfig)
-		}
+	case pc.CertFile != "":
 		cert, err := tls.LoadX509KeyPair(pc.CertFile, pc.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: cannot load the ext_proc key pair: %w", ErrTLSConfig, err)

@@ -415,6 +415,14 @@ func validate(cfg *Config) error {
 	case cfg.MaxClockSkew < 0:
 		return fmt.Errorf("%w: negative max clock skew %v", ErrInvalidConfig, cfg.MaxClockSkew)
 	}
+	switch pc := cfg.Picker; {
+	case pc.Plaintext && (pc.CertFile != "" || pc.KeyFile != ""):
+		return fmt.Errorf("%w: --ext-proc-plaintext and --ext-proc-tls-cert-file/--ext-proc-tls-key-file exclude each other", ErrTLSConfig)
+	case (pc.CertFile == "") != (pc.KeyFile == ""):
+		return fmt.Errorf("%w: --ext-proc-tls-cert-file and --ext-proc-tls-key-file must be set together", ErrTLSConfig)
+	case pc.MaxBodyBytes < 0:
+		return fmt.Errorf("%w: negative --ext-proc-max-body-bytes %d", ErrInvalidConfig, pc.MaxBodyBytes)
+	}
 	if cfg.NATS.URL != "" {
 		if err := cfg.NATS.Stream.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
