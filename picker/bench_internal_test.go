@@ -146,8 +146,6 @@ func BenchmarkDecide8kLlama3(b *testing.B) {
 	runDecide(b, p, body, OutcomePrefix)
 }
 
-
-
 func cpuTime(b *testing.B) time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
