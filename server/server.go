@@ -51,6 +51,7 @@ import (
 	"github.com/inferencecache/inferencecache/controlserver"
 	"github.com/inferencecache/inferencecache/controlserver/auth"
 	"github.com/inferencecache/inferencecache/engine"
+	"github.com/inferencecache/inferencecache/picker"
 	"github.com/inferencecache/inferencecache/policy"
 	"github.com/inferencecache/inferencecache/probe"
 	"github.com/inferencecache/inferencecache/rpc"
@@ -161,6 +162,10 @@ type Config struct {
 	// stream too (bus.go, docs/scaleout.md); the server is ready only once
 	// it caught up with the stream.
 	NATS NATSConfig
+
+	// Picker is the endpoint picker for gateways (picker.go,
+	// docs/gateway.md).
+	Picker PickerConfig
 }
 
 // DefaultConfig returns the production defaults (auth enabled, so
@@ -182,6 +187,7 @@ func DefaultConfig() Config {
 		MaxRecvMsgBytes:    DefaultMaxRecvMsgBytes,
 		DrainTimeout:       DefaultDrainTimeout,
 		MetricsModelGrace:  servermetrics.DefaultModelGrace,
+		Picker:             PickerConfig{Addr: DefaultPickerAddr},
 	}
 }
 
@@ -215,6 +221,9 @@ type Server struct {
 	tls      bool
 
 	grpcLis, httpLis, intLis net.Listener
+
+	// picker is the endpoint picker, nil when it is off; set by New.
+	picker *pickerServer
 
 	// NATS consumption (nil without --nats-url), set by New.
 	bus     *bus.Consumer
@@ -275,8 +284,9 @@ func New(cfg Config) (*Server, error) {
 	s.metrics.RegisterLoads(s.engine.Loads)
 	s.metrics.DeclareDropReasons(rpc.DropReasons...)
 	var tok rpc.Tokenizer
+	var dir *modeldir.Dir
 	if cfg.TokenizerDir != "" {
-		dir, err := modeldir.New(modeldir.Config{
+		dir, err = modeldir.New(modeldir.Config{
 			Root:       cfg.TokenizerDir,
 			Observer:   s.metrics.RegisterTokenizer(modeldir.Reasons...),
 			RetryAfter: cfg.TokenizerRetryAfter,
@@ -308,6 +318,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("cannot build the gRPC service: %w", err)
 	}
 	s.metrics.RegisterLookupStreams(s.service.LookupStreamsOpen)
+	if s.picker, err = s.newPicker(dir); err != nil {
+		return nil, err
+	}
 	s.prober = probe.New(probe.Config{Index: s.engine, T2: cfg.T2, Logger: log})
 
 	control, err := s.controlHandler()
@@ -401,6 +414,14 @@ func validate(cfg *Config) error {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, cfg.Load.Validate())
 	case cfg.MaxClockSkew < 0:
 		return fmt.Errorf("%w: negative max clock skew %v", ErrInvalidConfig, cfg.MaxClockSkew)
+	}
+	switch pc := cfg.Picker; {
+	case pc.Plaintext && (pc.CertFile != "" || pc.KeyFile != ""):
+		return fmt.Errorf("%w: --ext-proc-plaintext and --ext-proc-tls-cert-file/--ext-proc-tls-key-file exclude each other", ErrTLSConfig)
+	case (pc.CertFile == "") != (pc.KeyFile == ""):
+		return fmt.Errorf("%w: --ext-proc-tls-cert-file and --ext-proc-tls-key-file must be set together", ErrTLSConfig)
+	case pc.MaxBodyBytes < 0:
+		return fmt.Errorf("%w: negative --ext-proc-max-body-bytes %d", ErrInvalidConfig, pc.MaxBodyBytes)
 	}
 	if cfg.NATS.URL != "" {
 		if err := cfg.NATS.Stream.Validate(); err != nil {
@@ -518,14 +539,19 @@ func (s *Server) publicHandler() http.Handler {
 // listen binds the three listeners, closing what it bound on error.
 func (s *Server) listen() error {
 	var bound []net.Listener
-	for _, l := range []struct {
+	type listener struct {
 		name, addr string
 		dst        *net.Listener
-	}{
+	}
+	all := []listener{
 		{"gRPC", s.cfg.GRPCAddr, &s.grpcLis},
 		{"HTTP", s.cfg.HTTPAddr, &s.httpLis},
 		{"internal", s.cfg.InternalAddr, &s.intLis},
-	} {
+	}
+	if s.picker != nil {
+		all = append(all, listener{"ext_proc", s.cfg.Picker.Addr, &s.picker.lis})
+	}
+	for _, l := range all {
 		lis, err := net.Listen("tcp", l.addr)
 		if err != nil {
 			for _, b := range bound {
@@ -547,6 +573,26 @@ func (s *Server) HTTPAddr() net.Addr { return s.httpLis.Addr() }
 
 // InternalAddr returns the internal control listener's address.
 func (s *Server) InternalAddr() net.Addr { return s.intLis.Addr() }
+
+// PickerAddr returns the endpoint picker's ext_proc listener address, nil
+// when the picker is off.
+func (s *Server) PickerAddr() net.Addr {
+	if s.picker == nil {
+		return nil
+	}
+	return s.picker.lis.Addr()
+}
+
+// Picker returns the endpoint picker, nil when it is off.
+func (s *Server) Picker() *picker.Picker {
+	if s.picker == nil {
+		return nil
+	}
+	return s.picker.pk
+}
+
+// PickerTLS reports whether the ext_proc listener serves TLS.
+func (s *Server) PickerTLS() bool { return s.picker != nil && s.picker.tls }
 
 // TLS reports whether gRPC serves TLS.
 func (s *Server) TLS() bool { return s.tls }
@@ -580,7 +626,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if !s.ran.CompareAndSwap(false, true) {
 		return errors.New("server: Run called twice")
 	}
-	errCh := make(chan error, 3)
+	errCh := make(chan error, 4)
 	var wg sync.WaitGroup
 	serve := func(name string, f func() error) {
 		wg.Go(func() {
@@ -592,6 +638,12 @@ func (s *Server) Run(ctx context.Context) error {
 	serve("gRPC", func() error { return s.grpc.Serve(s.grpcLis) })
 	serve("HTTP", func() error { return s.public.Serve(s.httpLis) })
 	serve("internal", func() error { return s.internal.Serve(s.intLis) })
+	pickCtx, stopPicker := context.WithCancel(context.Background())
+	var pickWG sync.WaitGroup
+	if s.picker != nil {
+		serve("ext_proc", func() error { return s.picker.grpc.Serve(s.picker.lis) })
+		s.runPicker(pickCtx, &pickWG)
+	}
 
 	sweepCtx, stopSweep := context.WithCancel(context.Background())
 	var sweepWG sync.WaitGroup
@@ -601,7 +653,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("inferencecache server serving", "instance", s.instanceID, "grpc", s.GRPCAddr().String(), "http", s.HTTPAddr().String(),
 		"internal", s.InternalAddr().String(), "tls", s.tls, "max_index_entries", s.cfg.MaxIndexEntries,
 		"max_index_bytes", s.cfg.MaxIndexBytes, "engine_block_size", s.cfg.EngineBlockSize, "tokenizer_dir", s.cfg.TokenizerDir,
-		"nats", s.cfg.NATS.URL != "")
+		"nats", s.cfg.NATS.URL != "", "ext_proc", s.PickerAddr(), "ext_proc_tls", s.PickerTLS())
 
 	// With NATS the server replays the stream first and turns ready once
 	// caught up; lookups are answered meanwhile (from a partial index).
@@ -627,6 +679,8 @@ func (s *Server) Run(ctx context.Context) error {
 		s.log.Error("shutting down after a listener failure", "err", runErr)
 	}
 	s.drain()
+	stopPicker()
+	pickWG.Wait()
 	stopBus()
 	busWG.Wait()
 	s.closeBus()
@@ -670,11 +724,21 @@ func (s *Server) drain() {
 	s.metrics.SetUp(false)
 	s.health.Shutdown() // every service NOT_SERVING
 	s.service.Drain()   // lookup streams end after their next answer
+	if s.picker != nil {
+		s.picker.drainHealth()
+	}
 	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
 
+	// Both gRPC servers drain together within one budget: ext_proc
+	// streams in flight end with their HTTP requests.
 	done := make(chan struct{})
 	go func() {
-		s.grpc.GracefulStop()
+		var wg sync.WaitGroup
+		wg.Go(s.grpc.GracefulStop)
+		if s.picker != nil {
+			wg.Go(s.picker.grpc.GracefulStop)
+		}
+		wg.Wait()
 		close(done)
 	}()
 	timer := time.NewTimer(s.cfg.DrainTimeout)
@@ -684,6 +748,9 @@ func (s *Server) drain() {
 	case <-timer.C:
 		s.log.Warn("drain timeout: stopping the gRPC server hard", "timeout", s.cfg.DrainTimeout)
 		s.grpc.Stop() // closes every connection; handlers see their streams end
+		if s.picker != nil {
+			s.picker.grpc.Stop()
+		}
 		// GracefulStop returns once every handler has returned. Ours all
 		// end with their stream, but do not let a stuck one hold Run.
 		t := time.NewTimer(stopGrace)
@@ -735,7 +802,11 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closeBus()
-	return errors.Join(s.grpcLis.Close(), s.httpLis.Close(), s.intLis.Close())
+	var pickErr error
+	if s.picker != nil {
+		pickErr = s.picker.lis.Close()
+	}
+	return errors.Join(s.grpcLis.Close(), s.httpLis.Close(), s.intLis.Close(), pickErr)
 }
 
 // newInstanceID returns 16 random hex digits.

@@ -135,6 +135,10 @@ type Metrics struct {
 	// lookup that loaded one just before its removal still lands in an
 	// exported series) unless their keys come back first. Guarded by mu.
 	retiring map[string]*modelSeries
+
+	// pickerMetrics is set once by RegisterPicker; deleteSeries loads it
+	// to delete a retired model's picker series too.
+	pickerMetrics atomic.Pointer[PickerMetrics]
 }
 
 // modelSeries is one model's series (or the shared OtherModel ones).
@@ -151,6 +155,9 @@ type modelSeries struct {
 	// deleted is set, under mu, once the model's series are deleted from
 	// the registry; counter then resolves nothing new for it.
 	deleted bool
+	// picker is the model's endpoint picker series (picker.go), nil until
+	// first used; stored once under mu, loaded lock-free.
+	picker atomic.Pointer[pickerSeries]
 
 	// Guarded by Metrics.mu:
 	// entries is the model's index_entries child, nil until the index
@@ -380,6 +387,7 @@ func (m *Metrics) deleteSeries(ms *modelSeries) {
 	if ms.entries != nil {
 		m.indexEntries.DeleteLabelValues(ms.model)
 	}
+	m.deletePickerSeriesLocked(ms)
 }
 
 // AddIndexEvictions implements engine.Metrics.

@@ -3,7 +3,10 @@
 // endpoints without auth since nothing leaves the machine), drives it with
 // a short, seeded load-generator scenario (multi-turn chat, whose sessions
 // reuse their earlier turns' KV blocks, so lookups get PREFIX_MATCH), and
-// prints the report, checked against the server's own /metrics.
+// prints the report, checked against the server's own /metrics. Then it
+// plays a gateway: multi-turn chats through the endpoint picker
+// (picker.go), to fake engines that report what they cache, and prints
+// where the requests went and why.
 package main
 
 import (
@@ -22,11 +25,14 @@ import (
 	"syscall"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
 	"github.com/inferencecache/inferencecache/loadgen"
+	"github.com/inferencecache/inferencecache/picker/endpoints"
 	"github.com/inferencecache/inferencecache/server"
+	"github.com/inferencecache/inferencecache/servermetrics"
 )
 
 func main() {
@@ -46,8 +52,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	lg.Rate = 1000
 	lg.Warmup = time.Second
 	lg.Duration = 5 * time.Second
-	var jsonOut string
+	var jsonOut, tokenizerDir string
 	var quiet bool
+	conversations, turns := 8, 4
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&lg.Workload.Kind, "workload", lg.Workload.Kind, "chat, rag or shared-prompt")
@@ -57,6 +64,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Uint64Var(&lg.Seed, "seed", lg.Seed, "workload and arrival seed")
 	fs.StringVar(&jsonOut, "json", "", "also write the JSON report to this file")
 	fs.BoolVar(&quiet, "quiet", false, "no progress line")
+	fs.IntVar(&conversations, "picker-conversations", conversations, "conversations sent through the endpoint picker")
+	fs.IntVar(&turns, "picker-turns", turns, "turns of each conversation")
+	fs.StringVar(&tokenizerDir, "tokenizer-dir", "", "models' tokenizer folder for the picker (default: a stand-in tokenization)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -72,6 +82,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg.InsecureDisableAuth = true // loopback only; see the line printed below
 	cfg.DrainTimeout = 5 * time.Second
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	tok, tokNote, err := demoTokenizer(tokenizerDir)
+	if err != nil {
+		return err
+	}
+	pool, err := endpoints.NewPool(demoTenant, "vllm", nil, demoEngines)
+	if err != nil {
+		return err
+	}
+	cfg.Picker.Addr, cfg.Picker.Source, cfg.Picker.Tokenizer = "127.0.0.1:0", endpoints.NewFixed(pool), tok
 	srv, err := server.New(cfg)
 	if err != nil {
 		return fmt.Errorf("cannot start the server: %w", err)
@@ -96,8 +115,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case <-time.After(10 * time.Second):
 		return errors.Join(errors.New("the server was not ready within 10s"), stop())
 	}
-	fmt.Fprintf(stdout, "inferencecache demo: server in process, gRPC %s, metrics http://%s/metrics "+
-		"(control endpoints without auth: loopback demo only)\n\n", srv.GRPCAddr(), srv.HTTPAddr())
+	fmt.Fprintf(stdout, "inferencecache demo: server in process, gRPC %s, endpoint picker (ext_proc) %s, metrics http://%s/metrics "+
+		"(control endpoints without auth: loopback demo only)\n\n", srv.GRPCAddr(), srv.PickerAddr(), srv.HTTPAddr())
 
 	lg.Target = srv.GRPCAddr().String()
 	if !quiet {
@@ -121,7 +140,74 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	checkErr := checkMetrics(ctx, stdout, srv.HTTPAddr().String(), lg.ModelID, rep)
-	return errors.Join(checkErr, stop())
+	if checkErr != nil {
+		return errors.Join(checkErr, stop())
+	}
+	pr, err := runPickerChats(ctx, srv, tok, conversations, turns)
+	if err != nil {
+		return errors.Join(fmt.Errorf("endpoint picker chats: %w", err), stop())
+	}
+	pr.tokenizerNote = tokNote
+	if err := pickerMetrics(ctx, srv.HTTPAddr().String(), pr); err != nil {
+		return errors.Join(err, stop())
+	}
+	writePickerReport(stdout, pr)
+	return stop()
+}
+
+// scrape fetches and parses the server's /metrics.
+func scrape(ctx context.Context, httpAddr string) (map[string]*dto.MetricFamily, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("cannot scrape the server's /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("cannot parse the server's /metrics: %w", err)
+	}
+	return fams, nil
+}
+
+// pickerMetrics reads the picker's outcome counts and predicted/delivered
+// tokens from /metrics, and checks the outcomes add up to the requests.
+func pickerMetrics(ctx context.Context, httpAddr string, pr *pickerResult) error {
+	fams, err := scrape(ctx, httpAddr)
+	if err != nil {
+		return err
+	}
+	total := 0
+	for _, m := range fams[servermetrics.NamePickerPicks].GetMetric() {
+		var o, r string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "outcome":
+				o = l.GetValue()
+			case "reason":
+				r = l.GetValue()
+			}
+		}
+		n := int(m.GetCounter().GetValue())
+		pr.outcomes[o+"/"+r] += n
+		total += n
+	}
+	if total != pr.requests {
+		return fmt.Errorf("the picker counted %d picks, the demo sent %d requests", total, pr.requests)
+	}
+	for _, m := range fams[servermetrics.NamePickerPredicted].GetMetric() {
+		pr.predicted += m.GetCounter().GetValue()
+	}
+	for _, m := range fams[servermetrics.NamePickerDelivered].GetMetric() {
+		pr.served += m.GetCounter().GetValue()
+	}
+	return nil
 }
 
 // checkMetrics prints the server's LookupRoute count by reason code from

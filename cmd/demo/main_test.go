@@ -18,7 +18,8 @@ func TestDemo(t *testing.T) {
 	}
 	out := stdout.String()
 	for _, want := range []string{"inferencecache demo: server in process", "| LookupRoute latency |", "| PREFIX_MATCH |",
-		"It matches the load generator's count of responses."} {
+		"It matches the load generator's count of responses.",
+		"## Through the endpoint picker", "| prefix | none |", "later turns"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/inferencecache/inferencecache/bus"
+	"github.com/inferencecache/inferencecache/picker"
 	"github.com/inferencecache/inferencecache/rpc"
 	"github.com/inferencecache/inferencecache/server"
 	"github.com/inferencecache/inferencecache/tokenizer/modeldir"
@@ -41,6 +42,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	var logFormat, logLevel, metricsModels, natsFilters string
 	var natsMaxTTL time.Duration
 	var mem memoryLimit
+	var epf endpointFlags
 	fs := flag.NewFlagSet("server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.GRPCAddr, "grpc-bind-address", cfg.GRPCAddr, "gRPC listen address")
@@ -82,6 +84,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.StringVar(&natsFilters, "nats-filter-subjects", "", "comma-separated subjects this server consumes (a shard, e.g. INFERENCECACHE.<tenant>.*); empty: the whole stream")
 	fs.IntVar(&cfg.NATS.ReadyLag, "nats-ready-lag", bus.DefaultReadyLag, "ready once the stream lag is at most this many messages")
 	fs.DurationVar(&natsMaxTTL, "nats-max-ttl", bus.DefaultMaxTTL, "when the server has to create the stream: the longest tenant TTL (retention = this + 5m, the default refresh interval)")
+	fs.StringVar(&cfg.Picker.Addr, "ext-proc-bind-address", cfg.Picker.Addr, "endpoint picker (Envoy ext_proc, docs/gateway.md) listen address; on only with --inference-pool or --endpoints-file; \"\" turns it off")
+	fs.StringVar(&cfg.Picker.CertFile, "ext-proc-tls-cert-file", "", "endpoint picker TLS certificate (PEM); set together with --ext-proc-tls-key-file (default: a self-signed certificate made at start)")
+	fs.StringVar(&cfg.Picker.KeyFile, "ext-proc-tls-key-file", "", "endpoint picker TLS private key (PEM); set together with --ext-proc-tls-cert-file")
+	fs.BoolVar(&cfg.Picker.Plaintext, "ext-proc-plaintext", false, "serve the endpoint picker without TLS")
+	fs.StringVar(&epf.inferencePool, "inference-pool", "", "NAMESPACE/NAME of the InferencePool (inference.networking.k8s.io/v1) whose Ready pods the endpoint picker chooses from")
+	fs.StringVar(&epf.endpointsFile, "endpoints-file", "", "static endpoint file the endpoint picker chooses from (reloaded when it changes)")
+	fs.IntVar(&cfg.Picker.MaxBodyBytes, "ext-proc-max-body-bytes", picker.DefaultMaxBodyBytes, "largest request body the endpoint picker buffers; a larger one is answered 413")
+	fs.IntVar(&cfg.Picker.MaxFallbacks, "ext-proc-max-fallbacks", picker.DefaultMaxFallbacks, "endpoints listed after the primary in x-gateway-destination-endpoint, for the gateway's retries (negative: none)")
 	fs.StringVar(&logFormat, "log-format", "json", "log format: json or text")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -93,6 +103,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	epf.kubeconfig = cfg.Kubeconfig
+	src, err := newEndpointSource(epf)
+	if err != nil {
+		return err
+	}
+	cfg.Picker.Source = src
 	fs.Visit(func(f *flag.Flag) { mem.indexSet = mem.indexSet || f.Name == "max-index-bytes" })
 	mem.gcSet = os.Getenv("GOMEMLIMIT") != "" // the runtime reads "" as unset too
 	derived, err := mem.derive()

@@ -13,11 +13,13 @@ package servertest
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/inferencecache/inferencecache/server"
@@ -37,10 +39,12 @@ const (
 
 // Config returns the configuration Start and Run use before mutate:
 // server.DefaultConfig with the gRPC, public HTTP and internal listeners on
-// 127.0.0.1:0, InsecureDisableAuth, DrainTimeout and a discarding logger.
+// 127.0.0.1:0 (the endpoint picker's too, which is on only with an endpoint
+// source), InsecureDisableAuth, DrainTimeout and a discarding logger.
 func Config() server.Config {
 	cfg := server.DefaultConfig()
 	cfg.GRPCAddr, cfg.HTTPAddr, cfg.InternalAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Picker.Addr = "127.0.0.1:0" // on only when a test gives it an endpoint source
 	cfg.InsecureDisableAuth = true
 	cfg.DrainTimeout = DrainTimeout
 	cfg.Logger = slog.New(slog.DiscardHandler)
@@ -133,6 +137,26 @@ func Conn(t testing.TB, srv *server.Server) *grpc.ClientConn {
 	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatalf("servertest: cannot create a client for %s: %v", srv.GRPCAddr(), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// PickerConn returns a client connection to srv's endpoint picker
+// (ext_proc), closed when the test ends. Like a gateway, it does not
+// verify the picker's certificate when the listener serves TLS.
+func PickerConn(t testing.TB, srv *server.Server) *grpc.ClientConn {
+	t.Helper()
+	if srv.PickerAddr() == nil {
+		t.Fatal("servertest: the endpoint picker is off (no endpoint source)")
+	}
+	creds := insecure.NewCredentials()
+	if srv.PickerTLS() {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) //nolint:gosec // as gateways dial pickers
+	}
+	conn, err := grpc.NewClient(srv.PickerAddr().String(), grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatalf("servertest: cannot create a client for %s: %v", srv.PickerAddr(), err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
