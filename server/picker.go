@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -49,9 +50,12 @@ type PickerConfig struct {
 	// KeyFile supply one; Plaintext turns TLS off.
 	CertFile, KeyFile string
 	Plaintext         bool
-	// Source publishes the endpoints. Without one the picker stays off
-	// (one INFO line): it would have nothing to pick from.
-	Source endpoints.Source
+	// Source publishes the endpoints; when it is nil, NewSource builds
+	// one with the server's metrics (cmd/server: --inference-pool,
+	// --endpoints-file). Without either the picker stays off (one INFO
+	// line): it would have nothing to pick from.
+	Source    endpoints.Source
+	NewSource NewEndpointSource
 	// MaxBodyBytes and MaxFallbacks: see picker.Config (0: defaults).
 	MaxBodyBytes int
 	MaxFallbacks int
@@ -59,6 +63,10 @@ type PickerConfig struct {
 	// and the demo).
 	Tokenizer picker.Tokenizer
 }
+
+// NewEndpointSource builds an endpoint source that reports to obs and logs
+// to log.
+type NewEndpointSource func(obs endpoints.Observer, log *slog.Logger) (endpoints.Source, error)
 
 // pickerServer is the picker's listener, gRPC server and health.
 type pickerServer struct {
@@ -83,6 +91,13 @@ func (s *Server) newPicker(dir *modeldir.Dir) (*pickerServer, error) {
 	pc := s.cfg.Picker
 	if pc.Addr == "" {
 		return nil, nil
+	}
+	if pc.Source == nil && pc.NewSource != nil {
+		src, err := pc.NewSource(s.metrics.RegisterPickerEndpoints(endpoints.Reasons...), s.log)
+		if err != nil {
+			return nil, fmt.Errorf("%w: endpoint picker source: %w", ErrInvalidConfig, err)
+		}
+		pc.Source = src
 	}
 	if pc.Source == nil {
 		s.log.Info("endpoint picker off: no endpoint source (--inference-pool or --endpoints-file)", "ext_proc_addr", pc.Addr)
@@ -209,6 +224,16 @@ func selfSigned() (tls.Certificate, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
+// synced reports whether the source has published what it watches.
+func synced(src endpoints.Source) bool {
+	select {
+	case <-src.Synced():
+		return true
+	default:
+		return false
+	}
+}
+
 // pickerReadyPoll is how often readiness is re-evaluated.
 const pickerReadyPoll = 50 * time.Millisecond
 
@@ -228,7 +253,7 @@ func (s *Server) runPicker(ctx context.Context, wg *sync.WaitGroup) {
 		defer t.Stop()
 		for {
 			ps.mu.Lock()
-			want := s.ready.Load() && ps.src.Pool() != nil && !ps.srcFailed.Load()
+			want := s.ready.Load() && synced(ps.src) && ps.src.Pool() != nil && !ps.srcFailed.Load()
 			if !ps.draining && want != ps.ready {
 				ps.setReadyLocked(want)
 				s.log.Info("endpoint picker readiness", "ready", want, "endpoints", ps.src.Pool().Len())

@@ -17,6 +17,8 @@ const (
 	NamePickerDelivered       = "inferencecache_picker_delivered_cached_tokens_total"
 	NamePickerUsage           = "inferencecache_picker_usage_total"
 	NamePickerInflight        = "inferencecache_picker_inflight_requests"
+	NamePickerEndpoints       = "inferencecache_picker_endpoints"
+	NamePickerSourceFailures  = "inferencecache_picker_endpoint_source_failures_total"
 )
 
 // PickerBuckets are the decision and tokenization latency buckets: 10 µs
@@ -191,3 +193,36 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), endpoint, replica)
 	})
 }
+
+// PickerEndpointsMetrics records the picker's endpoint source; it
+// implements endpoints.Observer.
+type PickerEndpointsMetrics struct {
+	endpoints prometheus.Gauge
+	failures  *prometheus.CounterVec
+}
+
+// RegisterPickerEndpoints registers the endpoint source's metrics, every
+// failure reason exported at 0. Call it once.
+func (m *Metrics) RegisterPickerEndpoints(reasons ...string) *PickerEndpointsMetrics {
+	p := &PickerEndpointsMetrics{
+		endpoints: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: NamePickerEndpoints,
+			Help: "Endpoints of the endpoint picker's current pool (--inference-pool's Ready pods x target ports, or --endpoints-file).",
+		}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: NamePickerSourceFailures,
+			Help: "Failed attempts of the endpoint source to make a new pool (the last good pool stays), by reason: read, decode, invalid (the file), watch (the Kubernetes API).",
+		}, []string{"reason"}),
+	}
+	for _, r := range reasons {
+		p.failures.WithLabelValues(r)
+	}
+	m.reg.MustRegister(p.endpoints, p.failures)
+	return p
+}
+
+// PoolChanged implements endpoints.Observer.
+func (p *PickerEndpointsMetrics) PoolChanged(n int) { p.endpoints.Set(float64(n)) }
+
+// ReloadFailed implements endpoints.Observer.
+func (p *PickerEndpointsMetrics) ReloadFailed(reason string) { p.failures.WithLabelValues(reason).Inc() }

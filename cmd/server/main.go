@@ -108,7 +108,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	if err != nil {
 		return err
 	}
-	cfg.Picker.Source = src
+	cfg.Picker.NewSource = src
 	fs.Visit(func(f *flag.Flag) { mem.indexSet = mem.indexSet || f.Name == "max-index-bytes" })
 	mem.gcSet = os.Getenv("GOMEMLIMIT") != "" // the runtime reads "" as unset too
 	derived, err := mem.derive()

@@ -5,10 +5,16 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/inferencecache/inferencecache/server"
 )
@@ -53,10 +59,10 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		"negative lag":     {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-ready-lag", "-1"}, "--nats-ready-lag"},
 		"both sources":     {[]string{"--insecure-disable-auth", "--inference-pool", "ns/p", "--endpoints-file", "/tmp/e.yaml"}, "exclude each other"},
 		"bad pool name":    {[]string{"--insecure-disable-auth", "--inference-pool", "just-a-name"}, "NAMESPACE/NAME"},
-		// Until the sources are merged in, asking for one fails startup
-		// clearly instead of running a picker with nothing to pick from.
-		"pool source":  {[]string{"--insecure-disable-auth", "--inference-pool", "ns/pool"}, "not available in this build"},
-		"file source":  {[]string{"--insecure-disable-auth", "--endpoints-file", "/tmp/e.yaml"}, "not available in this build"},
+		// A source that cannot start fails startup clearly instead of
+		// running a picker with nothing to pick from.
+		"pool without API": {[]string{"--insecure-disable-auth", "--inference-pool", "ns/pool", "--kubeconfig", "/nonexistent/kubeconfig"}, "cannot load --kubeconfig"},
+		"missing file":     {[]string{"--insecure-disable-auth", "--endpoints-file", "/nonexistent/endpoints.yaml"}, "endpoints file"},
 		"ext-proc TLS": {[]string{"--insecure-disable-auth", "--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext", "--ext-proc-tls-cert-file", "x"}, "exclude each other"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -68,6 +74,75 @@ func TestRunRejectsBadFlags(t *testing.T) {
 				t.Fatalf("err = %v (stderr %q), want it to mention %q", err, stderr.String(), c.want)
 			}
 		})
+	}
+}
+
+// TestRunServesEndpointsFile starts the binary's run with a static
+// endpoints file: the picker serves on its own listener, ready with the
+// file's endpoints, and its source metrics are exported.
+func TestRunServesEndpointsFile(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	file := filepath.Join(t.TempDir(), "endpoints.yaml")
+	if err := os.WriteFile(file, []byte("tenant: team-a\nendpoints:\n- replicaId: pod-a\n  address: 10.0.0.7:8000\n- replicaId: pod-b\n  address: 10.0.0.8:8000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	var stderr syncBuffer
+	started := make(chan *server.Server, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(runCtx, append([]string{"--insecure-disable-auth", "--log-format", "text", "--endpoints-file", file,
+			"--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext"}, loopback...), &stderr, func(s *server.Server) { started <- s })
+	}()
+	var s *server.Server
+	select {
+	case s = <-started:
+	case err := <-done:
+		t.Fatalf("run returned early: %v\n%s", err, stderr.String())
+	case <-ctx.Done():
+		t.Fatal("server did not start")
+	}
+	if s.PickerAddr() == nil || s.PickerTLS() {
+		t.Fatalf("picker addr %v tls %v, want a plaintext listener", s.PickerAddr(), s.PickerTLS())
+	}
+	conn, err := grpc.NewClient(s.PickerAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	for {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: server.PickerReadiness})
+		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("picker never ready: %v %v\n%s", r, err, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.HTTPAddr().String()+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"inferencecache_picker_endpoints 2", `inferencecache_picker_endpoint_source_failures_total{reason="decode"} 0`} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("/metrics lacks %s", want)
+		}
+	}
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("run did not return after cancel")
 	}
 }
 

@@ -37,6 +37,9 @@ const (
 	ReasonWatch = "watch"
 )
 
+// Reasons lists every ReloadFailed reason, for exporting them at 0.
+var Reasons = []string{ReasonRead, ReasonDecode, ReasonInvalid, ReasonWatch}
+
 // Option configures a source made by NewFile or NewInferencePool.
 type Option func(*options)
 
