@@ -439,33 +439,41 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 			en.cached = float64(res.Scores[i].MatchedTokens) * float64(res.Scores[i].Prob)
 		}
 	}
-	// The best holder, and the contract pick's own cost.
-	best, bestCost := -1, 0.0
+	// The contract pick's own cost (it may be the affinity pin, which
+	// holds nothing of the request).
 	pickCost := cp.queue + alpha*t
+	for i := range res.Scores {
+		if s := &res.Scores[i]; s.rid == pick.rid {
+			pickCost = e.load.cost(cp.queue, t, s.MatchedTokens, s.Prob)
+			break
+		}
+	}
+	// The options: every holder that is not overloaded, and computing the
+	// prompt cold on the least-loaded replica. The pick stands unless it is
+	// overloaded or some option, not only the cheapest, is both cheaper and
+	// has a shorter queue.
+	exploreCost := lv.qref + alpha*t
+	yield := cp.overloaded || (exploreCost < pickCost && lv.qref < cp.queue)
+	best, bestCost := -1, 0.0
 	for i := range res.Scores {
 		s := &res.Scores[i]
 		en := lv.entry(s.rid)
-		if en == nil {
+		if en == nil || en.overloaded {
 			continue
 		}
 		c := e.load.cost(en.queue, t, s.MatchedTokens, s.Prob)
-		if s.rid == pick.rid {
-			pickCost = c
+		if c < pickCost && en.queue < cp.queue {
+			yield = true
 		}
-		if !en.overloaded && (best < 0 || c < bestCost) {
+		if best < 0 || c < bestCost {
 			best, bestCost = i, c
 		}
 	}
-	// The best holder is the alternative when it is no worse than
-	// computing the prompt cold on the least-loaded replica.
-	exploreCost := lv.qref + alpha*t
-	altCost, altQueue := exploreCost, lv.qref
-	if best >= 0 && bestCost < exploreCost {
-		altCost, altQueue = bestCost, lv.entry(res.Scores[best].rid).queue
-	}
-	if !cp.overloaded && !(altCost < pickCost && altQueue < cp.queue) {
+	if !yield {
 		return LoadKeep
 	}
+	// The answer is then the cheapest option: the re-ranked holders when
+	// the best of them beats computing cold, else the explore walk.
 	if best < 0 || bestCost >= exploreCost {
 		return LoadExplore
 	}

@@ -523,3 +523,49 @@ func TestLoadCountsOnlyEqualFigures(t *testing.T) {
 		t.Fatalf("equal counts: decision %v first %q, want the contract's a", d, first)
 	}
 }
+
+// loadP reports replica's load and pressure in one stats report at now.
+func (x *tix) loadP(replica string, now int64, waiting, running int32, queued int64, pressure float32) {
+	x.e.Ingest(&Update{TenantID: "team", ModelID: "m", HashScheme: "vllm", ReplicaID: replica, TimestampUs: now,
+		Stats: &ReplicaStats{Pressure: pressure, Load: LoadStats{Reported: true, Waiting: waiting, Running: running, QueuedTokens: queued}}}, now)
+}
+
+// TestLoadPickComparesEveryCheaperOption: the contract's pick yields when
+// any option is both cheaper and has a shorter queue, not only the
+// cheapest one. Here the cheapest option (b, the longest match, ranked
+// below a by the contract because of its pressure) has a longer queue than
+// the pick a, while d is cheaper than a and has a shorter queue.
+func TestLoadPickComparesEveryCheaperOption(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	blocks := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	x.chain("a", now, 0, blocks[:8]...)
+	x.chain("b", now, 0, blocks...)
+	x.chain("d", now, 0, blocks[:6]...)
+	x.chain("e", now, 0, 999) // serves the scheme, holds nothing of the request
+	// Queues in prefill tokens; equal requests in flight, so nobody is
+	// overloaded. Costs (α = 16, 160-token prompt): a 20000 + 16×32 =
+	// 20512, b 20010 + 0 = 20010, d 19000 + 16×64 = 20024; exploring costs
+	// 19000 + 16×160 = 21560.
+	x.loadP("a", now, 4, 1, 20000, 0)
+	x.loadP("b", now, 4, 1, 20010, 0.5) // halves b's contract score below a's
+	x.loadP("d", now, 4, 1, 19000, 0)
+	x.loadP("e", now, 4, 1, 30000, 0)
+	if c := x.lookup(chainReq(blocks...)); c.Strategy != StrategyPrefixMatch || c.Scores[0].ReplicaID != "a" {
+		t.Fatalf("setup: the contract's pick is not a: %+v", c.Scores)
+	}
+	res, d, first := x.advise(chainReq(blocks...), now)
+	if d != LoadRerank || first != "b" {
+		t.Fatalf("decision %v first %q, want rerank with b first (d is cheaper than a and has a shorter queue; scores %+v)", d, first, res.Scores)
+	}
+	var order []string
+	var scores []float32
+	for _, s := range res.Scores {
+		order = append(order, s.ReplicaID)
+		scores = append(scores, s.Score)
+	}
+	// Advantages over exploring: b 21560 − 20010, d 21560 − 20024, a 21560 − 20512.
+	if want, wantS := []string{"b", "d", "a"}, []float32{1550, 1536, 1048}; !slices.Equal(order, want) || !slices.Equal(scores, wantS) {
+		t.Fatalf("ranked %v scores %v, want %v %v", order, scores, want, wantS)
+	}
+}
