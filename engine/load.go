@@ -141,21 +141,100 @@ type ewma struct{ w atomic.Uint64 }
 
 func (m *ewma) load() float64 { return math.Float64frombits(m.w.Load()) }
 
-// observe folds x in, at most 4× the current mean so that one outlier (a
-// gateway's inflated token claim) moves it little. Under contention it
-// gives up after a few attempts: a lost sample only delays the mean
-// slightly.
+// observe folds x in. Under contention it gives up after a few attempts: a
+// lost sample only delays the mean slightly.
 func (m *ewma) observe(x, weight float64) {
 	for range 4 {
 		w := m.w.Load()
 		old := math.Float64frombits(w)
 		next := x
 		if old > 0 {
-			next = old + weight*(min(x, 4*old)-old)
+			next = old + weight*(x-old)
 		}
 		if m.w.CompareAndSwap(w, math.Float64bits(next)) {
 			return
 		}
+	}
+}
+
+// requestPrice is a replica's estimate of the uncached prompt tokens of
+// one request routed to it: what a waiting request costs when its engine
+// reports counts only (docs/routing.md, "The price of a waiting
+// request"). Its samples are gateways' claims (NoteRouted), and a lookup
+// is not a request: retries, hedges and probes are never sent, and a
+// prompt can be asked about and never sent. So the estimate is robust:
+//
+//   - bounded influence: a sample counts at most priceOutlier × the
+//     current price (winsorized), so one claim moves it at most
+//     (priceOutlier−1) × priceWeight = 15 %;
+//   - paid for by KV evidence: every sample spends its size from a token
+//     budget that the blocks KV events show the replica newly storing fill
+//     (priceRefill tokens per stored token, the budget held to at most
+//     priceBudgetPrices current prices); a sample that finds the budget
+//     empty is dropped. Requests that are sent get prefilled and store
+//     about what they claimed, so their samples find budget (the 2× covers
+//     the unhashed partial last block and blocks the index did not know);
+//     lookups that are never sent store nothing, so however many there
+//     are, between two stores their samples spend at most the budget. The
+//     first sample, with no price yet, counts at most the budget: twice
+//     what the replica was seen storing.
+//
+// Dropping a sample depends only on the budget's sign, never on the
+// sample's size, so real traffic that outruns the budget for a moment
+// (a burst routed before any of it is prefilled) loses samples without
+// biasing the price.
+type requestPrice struct {
+	// mean is the price in tokens (lock-free; 0 = none yet).
+	mean ewma
+	// budget is the tokens samples may still spend: filled under
+	// Engine.mu by stored blocks, spent by lookups (CAS). It may exceed
+	// priceBudgetPrices prices while there is no price yet or after the
+	// price fell; spending reads it clamped.
+	budget atomic.Int64
+}
+
+// Price estimator knobs (requestPrice).
+const (
+	priceWeight       = 0.05
+	priceOutlier      = 4
+	priceRefill       = 2
+	priceBudgetPrices = 16
+	// maxPriceBudget keeps the budget far from overflow.
+	maxPriceBudget = 1 << 50
+)
+
+func (p *requestPrice) load() float64 { return p.mean.load() }
+
+// observe spends x (winsorized) from the budget and folds it into the
+// price, or drops it when the budget is empty. Lock-free.
+func (p *requestPrice) observe(x float64) {
+	for range 4 {
+		have := p.budget.Load()
+		m := p.mean.load()
+		b := have
+		if m > 0 {
+			b = min(b, int64(priceBudgetPrices*m))
+		}
+		if b <= 0 {
+			return
+		}
+		s := min(x, float64(b))
+		if m > 0 {
+			s = min(x, priceOutlier*m)
+		}
+		if p.budget.CompareAndSwap(have, b-int64(math.Ceil(s))) {
+			p.mean.observe(s, priceWeight)
+			return
+		}
+	}
+}
+
+// refillLocked adds the evidence of tokens newly stored on the replica.
+// Called under Engine.mu; lookups spend concurrently, so it adds rather
+// than stores, and the cap applies when a sample spends.
+func (p *requestPrice) refillLocked(tokens int64) {
+	if tokens > 0 && p.budget.Load() < maxPriceBudget {
+		p.budget.Add(priceRefill * tokens)
 	}
 }
 
@@ -169,10 +248,10 @@ type replicaLoad struct {
 	// replica since its last report (requests, and their uncached prompt
 	// tokens): lookups add, the next report resets them. Lock-free.
 	routedReqs, routedTokens atomic.Int64
-	// reqTokens is the mean uncached prompt tokens of requests routed to
-	// the replica; it prices waiting requests when the engine does not
-	// report queued tokens. Lookups update it.
-	reqTokens ewma
+	// price is the mean uncached prompt tokens of a request routed to the
+	// replica; it prices waiting requests when the engine does not report
+	// queued tokens. Lookups sample it, stored blocks pay for the samples.
+	price requestPrice
 	// stored counts the prompt tokens of blocks the replica newly stored
 	// since its last report: KV events arrive as each prefill completes,
 	// so they drain the reported queue between reports. Written under
@@ -186,11 +265,9 @@ type replicaLoad struct {
 	blockTokens int32
 }
 
-// reqTokensWeight smooths the mean routed request size; maxRoutedTokens
-// caps what one routed request adds to a replica's queue estimate (the
-// longest prompt a lookup resolves, rpc.MaxLookupTokens).
+// maxRoutedTokens caps what one routed request adds to a replica's queue
+// estimate (the longest prompt a lookup resolves, rpc.MaxLookupTokens).
 const (
-	reqTokensWeight = 0.05
 	maxRoutedTokens = 1 << 20
 	// carriedPerRequest bounds the routed-but-unstored work a counts-only
 	// report carries, in mean requests per request in flight.
@@ -232,7 +309,7 @@ func meanRequestTokens(slots []*replica) float64 {
 		if r == nil {
 			continue
 		}
-		if m := r.load.reqTokens.load(); m > 0 {
+		if m := r.load.price.load(); m > 0 {
 			sum += m
 			n++
 		}
@@ -620,7 +697,7 @@ func (e *Engine) NoteRouted(res *LookupResult, pick ContractPick, uncached int64
 	u := min(max(uncached, 0), maxRoutedTokens)
 	r.load.routedReqs.Add(1)
 	r.load.routedTokens.Add(u)
-	r.load.reqTokens.observe(float64(u), reqTokensWeight)
+	r.load.price.observe(float64(u))
 }
 
 // MatchedAt returns the matched tokens and freshness res holds for pick
@@ -642,10 +719,14 @@ func (r *replica) noteStoredLocked(before int64, blockTokens int32) {
 	if blockTokens > 0 {
 		r.load.blockTokens = blockTokens
 	}
-	if r.load.newHolders == before || r.load.report.Load() == nil || blockTokens <= 0 {
+	if r.load.newHolders == before || blockTokens <= 0 {
 		return
 	}
-	r.load.stored.Add(int64(blockTokens) * (r.load.newHolders - before))
+	t := int64(blockTokens) * (r.load.newHolders - before)
+	r.load.price.refillLocked(t)
+	if r.load.report.Load() != nil {
+		r.load.stored.Add(t)
+	}
 }
 
 // LoadView is one replica's load as /snapshot and the metrics show it.

@@ -322,6 +322,9 @@ func TestLoadQueueEstimate(t *testing.T) {
 	x := newLoadTix(t, DefaultLoadConfig())
 	now := tT
 	x.chain("a", now, 0, 1)
+	// KV evidence that a prefilled 320 tokens: it pays for the price
+	// samples below (requestPrice).
+	x.chain("a", now, 0, 900, 901, 902, 903, 904, 905, 906, 907, 908, 909, 910, 911, 912, 913, 914, 915, 916, 917, 918, 919)
 	x.load("a", now, 2, 4, 1000)
 	est := func() float64 {
 		var q float64
@@ -567,5 +570,95 @@ func TestLoadPickComparesEveryCheaperOption(t *testing.T) {
 	// Advantages over exploring: b 21560 − 20010, d 21560 − 20024, a 21560 − 20512.
 	if want, wantS := []string{"b", "d", "a"}, []float32{1550, 1536, 1048}; !slices.Equal(order, want) || !slices.Equal(scores, wantS) {
 		t.Fatalf("ranked %v scores %v, want %v %v", order, scores, want, wantS)
+	}
+}
+
+// TestLoadPriceUnroutedLookupsBounded: lookups that are never routed
+// (retries, probes, hedges, huge prompts never sent) move the price of a
+// waiting request by a bounded amount however many there are: the price
+// of a counts-only report must not follow a gateway's claims without
+// evidence that replicas prefilled them.
+func TestLoadPriceUnroutedLookupsBounded(t *testing.T) {
+	for _, n := range []int{100, 10_000} {
+		x := newLoadTix(t, DefaultLoadConfig())
+		now := tT
+		next := uint64(1000)
+		for _, r := range []string{"a", "b"} {
+			x.chain(r, now, 0, 1)
+			// A first prefill's KV events: 20 blocks of 16 tokens.
+			var hs []uint64
+			for range 20 {
+				hs = append(hs, next)
+				next++
+			}
+			x.chain(r, now, 0, hs...)
+		}
+		x.load("a", now, 3, 1, -1)
+		x.load("b", now, 3, 1, -1)
+		price := func() float64 { return meanRequestTokens(x.e.lookupDomain("team", "m").replicaSlots()) }
+		route := func(replica string, uncached int64) {
+			res := &LookupResult{}
+			x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, now, res)
+			for i := range res.Scores {
+				if res.Scores[i].ReplicaID == replica {
+					x.e.NoteRouted(res, PickOfScore(&res.Scores[i]), uncached, now)
+					return
+				}
+			}
+			t.Fatalf("%s holds nothing of the request", replica)
+		}
+		// Real traffic: every request routed is then prefilled, and its
+		// KV events show 320 new tokens stored (20 blocks of 16).
+		for range 40 {
+			for _, r := range []string{"a", "b"} {
+				route(r, 320)
+				var hs []uint64
+				for range 20 {
+					hs = append(hs, next)
+					next++
+				}
+				x.chain(r, now, 0, hs...)
+			}
+		}
+		p0 := price()
+		if math.Abs(p0-320) > 1 {
+			t.Fatalf("price after real traffic %v, want 320", p0)
+		}
+		// n lookups for a with the longest prompt a lookup resolves, never
+		// sent: nothing new is stored.
+		for range n {
+			route("a", maxRoutedTokens)
+		}
+		p := price()
+		t.Logf("%d unrouted lookups: price %.1f -> %.1f", n, p0, p)
+		if p > 2*p0 {
+			t.Fatalf("%d unrouted lookups moved the price from %v to %v (> 2×)", n, p0, p)
+		}
+		// Sent requests bring it back: their prefills pay for their samples.
+		for range 100 {
+			route("a", 320)
+			var hs []uint64
+			for range 20 {
+				hs = append(hs, next)
+				next++
+			}
+			x.chain("a", now, 0, hs...)
+		}
+		if p := price(); math.Abs(p-p0) > 0.05*p0 {
+			t.Fatalf("price %v after real traffic resumed, want about %v", p, p0)
+		}
+	}
+	// A replica with no price yet: the first sample counts at most twice
+	// what KV events showed it storing, and the rest find no budget.
+	x := newLoadTix(t, DefaultLoadConfig())
+	x.chain("c", tT, 0, 1, 2) // 32 tokens stored
+	x.load("c", tT, 3, 1, -1)
+	res := &LookupResult{}
+	for range 1000 {
+		x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, tT, res)
+		x.e.NoteRouted(res, PickOfScore(&res.Scores[0]), maxRoutedTokens, tT)
+	}
+	if p := meanRequestTokens(x.e.lookupDomain("team", "m").replicaSlots()); p > 2*32 {
+		t.Fatalf("1000 unrouted lookups against a replica without a price: price %v, want at most 64", p)
 	}
 }
