@@ -257,6 +257,13 @@ type replicaLoad struct {
 	// so they drain the reported queue between reports. Written under
 	// Engine.mu, read by lookups.
 	stored atomic.Int64
+	// What an endpoint picker in this process saw (RequestStarted,
+	// RequestFinished): live is how many of its requests are in flight on
+	// the replica now (never negative once read through liveNow); started
+	// and finished count its starts and ends since the replica's last load
+	// report, which resets them. Lock-free; the report's reset and its
+	// reconciliation of live run under Engine.mu.
+	live, started, finished atomic.Int64
 
 	// Writer state (Engine.mu): newHolders counts keys the replica newly
 	// came to hold, and blockTokens is its last seen block size, which
@@ -285,6 +292,20 @@ func (e *Engine) applyLoadLocked(d *domain, r *replica, ls LoadStats, scheme str
 	routed := r.load.routedTokens.Swap(0)
 	r.load.routedReqs.Store(0)
 	stored := r.load.stored.Swap(0)
+	// So is every request a picker here started and ended before it.
+	started := r.load.started.Swap(0)
+	r.load.finished.Store(0)
+	// The picker's live count cannot exceed what the engine reports in
+	// flight plus what started since the last report (which the scrape
+	// may have missed): a lost RequestFinished makes a replica look busy
+	// until its next report at most.
+	if bound := int64(rec.Waiting) + int64(rec.Running) + started; r.load.live.Load() > bound {
+		for range 4 { // pickers move it concurrently; a lost race waits for the next report
+			if l := r.load.live.Load(); l <= bound || r.load.live.CompareAndSwap(l, bound) {
+				break
+			}
+		}
+	}
 	if rec.QueuedTokens < 0 && prev != nil && (rec.Waiting > 0 || rec.Running > 0) {
 		// Counts only: keep what this server routed there and has not yet
 		// seen stored (a prefill in progress is "running", not waiting),
@@ -417,7 +438,7 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge {
 			en.known = true
 			en.queue = rec.estimate(r, per)
-			en.inflight = float64(rec.Waiting) + float64(rec.Running) + float64(r.load.routedReqs.Load())
+			en.inflight = r.load.inFlight(rec)
 			sumQ += en.queue
 			sumN += en.inflight
 			known++
@@ -700,6 +721,76 @@ func (e *Engine) NoteRouted(res *LookupResult, pick ContractPick, uncached int64
 	r.load.price.observe(float64(u))
 }
 
+// RequestStarted records that an endpoint picker in this process sent a
+// request of (tenant, model) to replica replicaID; RequestFinished, that
+// the request ended (its response completed, failed or was cancelled).
+// They make the replica's requests in flight exact between load reports
+// (docs/routing.md, "What a picker sees"). The picker calls them once per
+// request, off the lookup path: both are lock-free and allocate nothing.
+// An unknown tenant, model or replica (one the index has no record of) is
+// a no-op, so ids taken from requests cannot grow memory; so is everything
+// while load-aware routing is off. now is the call's time (µs), as on
+// every engine entry point; the counts are exact and need no clock.
+func (e *Engine) RequestStarted(tenant, model, replicaID string, now int64) {
+	r := e.pickedReplica(tenant, model, replicaID)
+	if r == nil {
+		return
+	}
+	r.load.live.Add(1)
+	r.load.started.Add(1)
+	// The lookup that chose the replica counted this request as routed
+	// (NoteRouted); now that it is known to be sent it counts as started,
+	// once: take one out of the routed count, if there is one (a lookup
+	// whose request is never sent keeps counting until the next report).
+	// The tokens it routed stay in the queue estimate.
+	for range 4 {
+		n := r.load.routedReqs.Load()
+		if n <= 0 || r.load.routedReqs.CompareAndSwap(n, n-1) {
+			break
+		}
+	}
+}
+
+// RequestFinished: see RequestStarted. A finish without a start this
+// process counted (the replica was unknown then, or its record was
+// recreated) leaves the live count at zero, never below.
+func (e *Engine) RequestFinished(tenant, model, replicaID string, now int64) {
+	r := e.pickedReplica(tenant, model, replicaID)
+	if r == nil {
+		return
+	}
+	if r.load.live.Add(-1) < 0 {
+		// Undo rather than loop: readers clamp at zero meanwhile.
+		r.load.live.Add(1)
+	}
+	r.load.finished.Add(1)
+}
+
+// pickedReplica finds the replica a picker's call names, without locks.
+func (e *Engine) pickedReplica(tenant, model, replicaID string) *replica {
+	if !e.load.Enabled {
+		return nil
+	}
+	d := e.lookupDomain(tenant, model)
+	if d == nil {
+		return nil
+	}
+	return d.table().find(replicaID)
+}
+
+// liveNow is the picker's live count, never negative.
+func (l *replicaLoad) liveNow() int64 { return max(l.live.Load(), 0) }
+
+// inFlight is the replica's requests in flight as routing sees them: what
+// the engine reported, plus what this server routed and a picker here
+// started since, minus what the picker saw end since; and never fewer than
+// the picker's own live requests (every pod's picker sees only its own
+// requests, and all of them see the engine's reports).
+func (l *replicaLoad) inFlight(rec *loadRecord) float64 {
+	n := int64(rec.Waiting) + int64(rec.Running) + l.routedReqs.Load() + l.started.Load() - l.finished.Load()
+	return float64(max(n, l.liveNow(), 0))
+}
+
 // MatchedAt returns the matched tokens and freshness res holds for pick
 // (0 when the pick is not among res.Scores).
 func MatchedAt(res *LookupResult, pick ContractPick) (int32, float32) {
@@ -735,8 +826,15 @@ type LoadView struct {
 	Waiting, Running       int32
 	// QueuedTokens is the engine's figure; negative when it sent none.
 	QueuedTokens int64
-	// RoutedSinceReport counts requests routed there since the report.
+	// RoutedSinceReport counts requests routed there since the report
+	// and not (yet) known to have started.
 	RoutedSinceReport int64
+	// StartedSinceReport and FinishedSinceReport count the requests a
+	// picker in this process started and saw end there since the report;
+	// Live is how many of its requests are in flight there now.
+	StartedSinceReport, FinishedSinceReport, Live int64
+	// InFlight is the requests in flight as load-aware routing sees them.
+	InFlight float64
 	// QueueTokens is the current estimate of prefill work ahead (tokens).
 	QueueTokens float64
 	// ReportedAt is the server time of the report (µs); Fresh is false
@@ -770,10 +868,14 @@ func (e *Engine) Loads(now int64, fn func(LoadView)) {
 			fn(LoadView{
 				Tenant: d.tenant, Model: d.model, Replica: r.name,
 				Waiting: rec.Waiting, Running: rec.Running, QueuedTokens: rec.QueuedTokens,
-				RoutedSinceReport: r.load.routedReqs.Load(),
-				QueueTokens:       rec.estimate(r, per),
-				ReportedAt:        rec.at,
-				Fresh:             now-rec.at < maxAge,
+				RoutedSinceReport:   r.load.routedReqs.Load(),
+				StartedSinceReport:  r.load.started.Load(),
+				FinishedSinceReport: r.load.finished.Load(),
+				Live:                r.load.liveNow(),
+				InFlight:            r.load.inFlight(rec),
+				QueueTokens:         rec.estimate(r, per),
+				ReportedAt:          rec.at,
+				Fresh:               now-rec.at < maxAge,
 			})
 		}
 		return true

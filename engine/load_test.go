@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/inferencecache/inferencecache/policy"
@@ -203,12 +204,13 @@ func TestLoadCostRanking(t *testing.T) {
 }
 
 // TestLoadEqualOrUnknownLoadsAreExact: with load-awareness active but
-// equal loads, with pressure-only replicas, or with load-aware routing off,
+// equal loads (reported, or reported plus equal picker counts), with
+// pressure-only replicas, or with load-aware routing off,
 // every decision keeps the contract's answer and the explore walk picks
 // the contract's pin.
 func TestLoadEqualOrUnknownLoadsAreExact(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	for _, mode := range []string{"equal", "pressure-only", "off"} {
+	for _, mode := range []string{"equal", "equal-live", "pressure-only", "off"} {
 		cfg := DefaultLoadConfig()
 		if mode == "off" {
 			cfg.Enabled = false
@@ -228,6 +230,15 @@ func TestLoadEqualOrUnknownLoadsAreExact(t *testing.T) {
 			switch mode {
 			case "equal", "off":
 				x.load(n, now, 6, 3, 5000)
+			case "equal-live":
+				// A picker here started 7 requests on each and saw 2 end.
+				x.load(n, now, 6, 3, 5000)
+				for range 7 {
+					x.e.RequestStarted("team", "m", n, now)
+				}
+				for range 2 {
+					x.e.RequestFinished("team", "m", n, now)
+				}
 			case "pressure-only":
 				x.stats(n, now, 0.5, float32(i)/10)
 			}
@@ -660,5 +671,235 @@ func TestLoadPriceUnroutedLookupsBounded(t *testing.T) {
 	}
 	if p := meanRequestTokens(x.e.lookupDomain("team", "m").replicaSlots()); p > 2*32 {
 		t.Fatalf("1000 unrouted lookups against a replica without a price: price %v, want at most 64", p)
+	}
+}
+
+// view returns replica's LoadView (the figures routing uses).
+func (x *tix) view(replica string, now int64) LoadView {
+	x.t.Helper()
+	var v LoadView
+	found := false
+	x.e.Loads(now, func(l LoadView) {
+		if l.Replica == replica {
+			v, found = l, true
+		}
+	})
+	if !found {
+		x.t.Fatalf("no load view for %s", replica)
+	}
+	return v
+}
+
+// TestRequestStartedFinished: what an endpoint picker sees reaches the
+// in-flight estimate at once (the overload guard acts on it between
+// reports), finished requests leave it, a request the lookup counted as
+// routed and the picker then started counts once, and the live count is
+// never negative.
+func TestRequestStartedFinished(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1, 2, 3, 4)
+	x.chain("b", now, 0, 1, 2, 3)
+	x.chain("c", now, 0, 1, 2, 3)
+	for _, r := range []string{"a", "b", "c"} {
+		x.load(r, now, 0, 4, 0) // 4 in flight each: active, nobody overloaded
+	}
+	req := chainReq(1, 2, 3, 4)
+	if _, d, first := x.advise(req, now); d != LoadKeep || first != "a" {
+		t.Fatalf("setup: decision %v first %q, want the contract's a", d, first)
+	}
+	// 20 requests the picker sent to a: 24 in flight exceeds
+	// max(1.25 × 10.7 + 2√10.7, 4) = 19.9, so a yields to b.
+	for range 20 {
+		x.e.RequestStarted("team", "m", "a", now)
+	}
+	if v := x.view("a", now); v.InFlight != 24 || v.Live != 20 || v.StartedSinceReport != 20 {
+		t.Fatalf("after 20 starts: %+v", v)
+	}
+	if _, d, first := x.advise(req, now); d == LoadKeep || first == "a" {
+		t.Fatalf("24 in flight on a: decision %v first %q, want a to yield", d, first)
+	}
+	// They end: a is back to what its engine reported.
+	for range 20 {
+		x.e.RequestFinished("team", "m", "a", now)
+	}
+	if v := x.view("a", now); v.InFlight != 4 || v.Live != 0 {
+		t.Fatalf("after 20 ends: %+v", v)
+	}
+	if _, d, first := x.advise(req, now); d != LoadKeep || first != "a" {
+		t.Fatalf("after the ends: decision %v first %q, want the contract's a", d, first)
+	}
+	// A request the lookup counted as routed and the picker then started
+	// counts once.
+	res := &LookupResult{}
+	req.TenantID, req.ModelID, req.HashScheme = "team", "m", "vllm"
+	x.e.LookupRoute(&req, now, res)
+	x.e.NoteRouted(res, PickOfScore(&res.Scores[0]), 64, now)
+	if v := x.view("a", now); v.InFlight != 5 || v.RoutedSinceReport != 1 {
+		t.Fatalf("after one routed lookup: %+v", v)
+	}
+	x.e.RequestStarted("team", "m", "a", now)
+	if v := x.view("a", now); v.InFlight != 5 || v.RoutedSinceReport != 0 || v.Live != 1 {
+		t.Fatalf("the routed request, started: %+v (want 5 in flight, counted once)", v)
+	}
+	// Ends with no start (the replica was unknown when the request
+	// started): the live count stays at zero, never below.
+	x.e.RequestFinished("team", "m", "a", now)
+	for range 3 {
+		x.e.RequestFinished("team", "m", "b", now)
+	}
+	if v := x.view("b", now); v.Live != 0 || v.InFlight != 1 {
+		t.Fatalf("b after 3 ends without a start: %+v (want live 0, 4 reported − 3 ended)", v)
+	}
+	x.e.RequestStarted("team", "m", "b", now)
+	if v := x.view("b", now); v.Live != 1 {
+		t.Fatalf("b after the ends and one start: live %d, want 1", v.Live)
+	}
+	// A report resets the since-report counts (its figures include them)
+	// and keeps the live count within what the engine can have in flight.
+	for range 9 {
+		x.e.RequestStarted("team", "m", "c", now)
+	}
+	x.load("c", now, 0, 12, 0)
+	if v := x.view("c", now); v.InFlight != 12 || v.Live != 9 || v.StartedSinceReport != 0 {
+		t.Fatalf("c after a report that includes its 9 starts: %+v", v)
+	}
+	// The engine says 3 in flight and nothing started since: 6 of the
+	// picker's live requests must have ended without RequestFinished.
+	x.load("c", now, 0, 3, 0)
+	if v := x.view("c", now); v.Live != 3 || v.InFlight != 3 {
+		t.Fatalf("c after a report below its live count: %+v, want live 3", v)
+	}
+}
+
+// TestRequestStartedNoOps: calls naming what the index does not know leave
+// no trace (ids come from requests), and none count while load-aware
+// routing is off.
+func TestRequestStartedNoOps(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1)
+	x.load("a", now, 0, 4, 0)
+	for _, c := range [][3]string{{"nobody", "m", "a"}, {"team", "other", "a"}, {"team", "m", "zz"}, {"", "", ""}} {
+		x.e.RequestStarted(c[0], c[1], c[2], now)
+		x.e.RequestFinished(c[0], c[1], c[2], now)
+	}
+	if x.e.lookupDomain("nobody", "m") != nil || x.e.lookupDomain("team", "other") != nil {
+		t.Fatal("a call for an unknown tenant or model created a domain")
+	}
+	if x.e.lookupDomain("team", "m").table().find("zz") != nil {
+		t.Fatal("a call for an unknown replica created it")
+	}
+	if v := x.view("a", now); v.InFlight != 4 || v.Live != 0 || v.StartedSinceReport != 0 || v.FinishedSinceReport != 0 {
+		t.Fatalf("a moved: %+v", v)
+	}
+	off := DefaultLoadConfig()
+	off.Enabled = false
+	y := newLoadTix(t, off)
+	y.chain("a", now, 0, 1)
+	y.load("a", now, 0, 4, 0)
+	y.e.RequestStarted("team", "m", "a", now)
+	if v := y.view("a", now); v.Live != 0 || v.StartedSinceReport != 0 {
+		t.Fatalf("load-aware routing off counted a start: %+v", v)
+	}
+}
+
+// TestRequestStartedKeepsLightLoadExact: activation stays driven by
+// engine reports only. However many requests a picker starts against an
+// idle fleet, answers stay the contract's until an engine reports load.
+func TestRequestStartedKeepsLightLoadExact(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1, 2, 3)
+	x.chain("b", now, 0, 1, 2)
+	x.load("a", now, 0, 1, 0)
+	x.load("b", now, 0, 0, 0)
+	for range 500 {
+		x.e.RequestStarted("team", "m", "a", now)
+	}
+	if x.e.lookupDomain("team", "m").loadActive.Load() {
+		t.Fatal("picker starts activated load-awareness")
+	}
+	req := chainReq(1, 2, 3)
+	contract := x.lookup(req)
+	res, d, first := x.advise(req, now)
+	if d != LoadKeep || first != "a" || !slices.Equal(res.Scores, contract.Scores) {
+		t.Fatalf("decision %v first %q scores %+v, want the contract's %+v", d, first, res.Scores, contract.Scores)
+	}
+}
+
+// TestRequestStartedAllocs: the picker's calls allocate nothing.
+func TestRequestStartedAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	names := []string{"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"}
+	for _, n := range names {
+		x.chain(n, now, 0, 1)
+		x.load(n, now, 1, 4, 100)
+	}
+	i := 0
+	if n := testing.AllocsPerRun(1000, func() {
+		name := names[i%len(names)]
+		i++
+		x.e.RequestStarted("team", "m", name, now)
+		x.e.RequestFinished("team", "m", name, now)
+		x.e.RequestStarted("team", "m", "unknown", now)
+		x.e.RequestFinished("nobody", "m", name, now)
+	}); n != 0 {
+		t.Fatalf("RequestStarted/RequestFinished allocate %v times per run", n)
+	}
+}
+
+// TestRequestStartedConcurrent: pickers on many goroutines, lookups and
+// load reports at once (run with -race). Once every request ended and a
+// report came, the live counts are zero and the estimate is the report's.
+func TestRequestStartedConcurrent(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	names := []string{"r0", "r1", "r2", "r3"}
+	for _, n := range names {
+		x.chain(n, now, 0, 1, 2)
+		x.load(n, now, 2, 4, 100)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 2000 {
+				n := names[(g+i)%len(names)]
+				x.e.RequestStarted("team", "m", n, now)
+				if i%3 == 0 {
+					x.e.RequestStarted("team", "m", "ghost", now)
+				}
+				x.e.RequestFinished("team", "m", n, now)
+			}
+		})
+	}
+	wg.Go(func() {
+		res := &LookupResult{}
+		req := chainReq(1, 2)
+		req.TenantID, req.ModelID, req.HashScheme = "team", "m", "vllm"
+		for range 2000 {
+			x.e.LookupRoute(&req, now, res)
+			if len(res.Scores) > 0 {
+				pick := PickOfScore(&res.Scores[0])
+				x.e.AdviseByLoad(&req, now, res, pick, 32)
+				x.e.NoteRouted(res, pick, 32, now)
+			}
+		}
+	})
+	wg.Go(func() {
+		for i := range 200 {
+			x.load(names[i%len(names)], now, int32(i%5), 4, 100)
+		}
+	})
+	wg.Wait()
+	for _, n := range names {
+		x.load(n, now, 1, 2, 100)
+		if v := x.view(n, now); v.Live != 0 || v.InFlight != 3 {
+			t.Fatalf("%s after every request ended and a report: %+v", n, v)
+		}
 	}
 }
