@@ -172,12 +172,15 @@ func (m *ewma) observe(x, weight float64) {
 //     (priceRefill tokens per stored token, the budget held to at most
 //     priceBudgetPrices current prices); a sample that finds the budget
 //     empty is dropped. Requests that are sent get prefilled and store
-//     about what they claimed, so their samples find budget (the 2× covers
-//     the unhashed partial last block and blocks the index did not know);
+//     about what they claimed, so their samples find budget (the 8× covers
+//     claims that exceed what their prefill stores: the unhashed partial
+//     last block, blocks the index did not know the replica held, and a
+//     conversation's next turn asked about while its previous turn still
+//     waits in the same replica's queue, which claims the whole history);
 //     lookups that are never sent store nothing, so however many there
 //     are, between two stores their samples spend at most the budget. The
-//     first sample, with no price yet, counts at most the budget: twice
-//     what the replica was seen storing.
+//     first sample, with no price yet, counts at most the budget: 8× what
+//     the replica was seen storing.
 //
 // Dropping a sample depends only on the budget's sign, never on the
 // sample's size, so real traffic that outruns the budget for a moment
@@ -197,7 +200,7 @@ type requestPrice struct {
 const (
 	priceWeight       = 0.05
 	priceOutlier      = 4
-	priceRefill       = 2
+	priceRefill       = 8
 	priceBudgetPrices = 16
 	// maxPriceBudget keeps the budget far from overflow.
 	maxPriceBudget = 1 << 50

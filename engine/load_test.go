@@ -659,8 +659,8 @@ func TestLoadPriceUnroutedLookupsBounded(t *testing.T) {
 			t.Fatalf("price %v after real traffic resumed, want about %v", p, p0)
 		}
 	}
-	// A replica with no price yet: the first sample counts at most twice
-	// what KV events showed it storing, and the rest find no budget.
+	// A replica with no price yet: the first sample counts at most 8× what
+	// KV events showed it storing, and the rest find no budget.
 	x := newLoadTix(t, DefaultLoadConfig())
 	x.chain("c", tT, 0, 1, 2) // 32 tokens stored
 	x.load("c", tT, 3, 1, -1)
@@ -669,8 +669,8 @@ func TestLoadPriceUnroutedLookupsBounded(t *testing.T) {
 		x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, tT, res)
 		x.e.NoteRouted(res, PickOfScore(&res.Scores[0]), maxRoutedTokens, tT)
 	}
-	if p := meanRequestTokens(x.e.lookupDomain("team", "m").replicaSlots()); p > 2*32 {
-		t.Fatalf("1000 unrouted lookups against a replica without a price: price %v, want at most 64", p)
+	if p := meanRequestTokens(x.e.lookupDomain("team", "m").replicaSlots()); p > priceRefill*32 {
+		t.Fatalf("1000 unrouted lookups against a replica without a price: price %v, want at most %d", p, priceRefill*32)
 	}
 }
 
