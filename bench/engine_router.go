@@ -14,8 +14,13 @@ import (
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
-// EnginePolicyName is the report name of this project's router.
-const EnginePolicyName = "inferencecache"
+// EnginePolicyName is the report name of this project's router, and
+// PickerPolicyName the name of its row driven as the endpoint picker
+// drives it (EngineOptions.Picker).
+const (
+	EnginePolicyName = "inferencecache"
+	PickerPolicyName = EnginePolicyName + "-picker"
+)
 
 // DefaultStatsInterval and DefaultStatsLag describe how the kvevent
 // subscriber feeds load to the server: it scrapes its engine's metrics
@@ -73,6 +78,11 @@ type EngineOptions struct {
 	// stock vLLM or SGLang metrics does, and the server estimates the
 	// queue from them and from what it routed.
 	QueuedTokens bool
+	// Picker routes as the endpoint picker does: it also tells the server
+	// each request's start (RequestStarted, as it sends the request to
+	// the replica it chose) and end (RequestFinished, when the response
+	// completes), so the server knows its requests in flight exactly.
+	Picker bool
 }
 
 // EnginePolicyWith is EnginePolicy under another name with options.
@@ -99,8 +109,28 @@ func EnginePolicyWith(name string, opt EngineOptions) Policy {
 			p.Namespace = engineTenant
 			r.store.Apply(&policy.Body{Version: policy.PropagationVersion, Policies: []policy.ResolvedPolicy{p}})
 		}
+		if opt.Picker {
+			return &pickerRouter{r}
+		}
 		return r
 	}}
+}
+
+// pickerRouter is the engine router as the endpoint picker drives the
+// server: the same lookup, then RequestStarted for the replica the request
+// goes to, and RequestFinished when it ends (a Finisher).
+type pickerRouter struct{ *engineRouter }
+
+func (p *pickerRouter) Route(req *workload.Request, v *View) int {
+	i := p.engineRouter.Route(req, v)
+	p.eng.RequestStarted(engineTenant, engineModel, p.names[i], p.micros())
+	return i
+}
+
+func (p *pickerRouter) Finished(_ *workload.Request, replica int, now time.Duration) {
+	p.deliverStats(now)
+	p.now = now
+	p.eng.RequestFinished(engineTenant, engineModel, p.names[replica], p.micros())
 }
 
 type engineRouter struct {

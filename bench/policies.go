@@ -35,8 +35,9 @@ func leastLoaded(v *View) int {
 
 // DefaultPolicies returns the policies compared by Run, in report order:
 // this project's LookupRoute (EnginePolicy), then with load-aware routing
-// off (the contract's ranking) and with engines that also export queued
-// prefill tokens, then the baselines random, round-robin,
+// off (the contract's ranking), with engines that also export queued
+// prefill tokens, and driven as the endpoint picker drives it (each
+// request's start and end known), then the baselines random, round-robin,
 // least-loaded, longest-prefix, Dynamo's cost function and SGLang's
 // cache-aware policy (with its own approximate tree, then with the
 // event-fed index), each with its documented defaults.
@@ -50,6 +51,7 @@ func DefaultPoliciesWith(load engine.LoadConfig) []Policy {
 		EnginePolicyWith(EnginePolicyName, EngineOptions{Refresh: DefaultRefresh, Load: &load}),
 		EnginePolicyWith(EnginePolicyName+"-contract", EngineOptions{Refresh: DefaultRefresh, ContractOnly: true}),
 		EnginePolicyWith(EnginePolicyName+"-queued-tokens", EngineOptions{Refresh: DefaultRefresh, QueuedTokens: true, Load: &load}),
+		EnginePolicyWith(PickerPolicyName, EngineOptions{Refresh: DefaultRefresh, Picker: true, Load: &load}),
 		RandomPolicy(),
 		RoundRobinPolicy(),
 		LeastLoadedPolicy(),

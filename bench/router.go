@@ -143,3 +143,13 @@ type Ticker interface {
 	TickInterval() time.Duration
 	Tick(view *View)
 }
+
+// Finisher is implemented by routers that learn when each request ends, as
+// an endpoint picker does (the response streams through it). The simulator
+// calls Finished when a request's decode completes, on the goroutine that
+// calls Route, in simulated-time order with the other calls; completions
+// at an instant come before ticks, event deliveries and arrivals at it.
+// req is the request Route placed on replica.
+type Finisher interface {
+	Finished(req *workload.Request, replica int, now time.Duration)
+}

@@ -212,6 +212,8 @@ type sim struct {
 	ttft    []time.Duration
 	windows [][]int64 // windows[w][r] = prefill tokens replica r started in window w
 	evicted []uint64  // scratch
+	// finisher is the router's Finisher side, nil when it has none.
+	finisher Finisher
 }
 
 // Simulate routes reqs (sorted by arrival, see workload.ValidateStream)
@@ -244,6 +246,7 @@ func Simulate(reqs []workload.Request, cfg SimConfig, router Router) (Result, er
 		last = reqs[len(reqs)-1].Arrival
 	}
 	ticker, _ := router.(Ticker)
+	s.finisher, _ = router.(Finisher)
 	var tickEvery time.Duration
 	if ticker != nil {
 		tickEvery = ticker.TickInterval()
@@ -410,6 +413,9 @@ func (s *sim) decodeDone(e simEvent) {
 	rep.inService--
 	rep.load.Running--
 	rep.load.ActiveBlocks -= len(j.req.Blocks)
+	if s.finisher != nil {
+		s.finisher.Finished(j.req, j.replica, e.at)
+	}
 	s.tryStart(j.replica, e.at)
 }
 

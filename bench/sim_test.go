@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inferencecache/inferencecache/bench/workload"
+	"github.com/inferencecache/inferencecache/engine"
 )
 
 func req(id, ms, input, output, blockSize int, blocks ...uint64) workload.Request {
@@ -209,4 +210,97 @@ func TestPercentile(t *testing.T) {
 	if percentile(nil, 50) != 0 {
 		t.Fatal("percentile of nothing is not 0")
 	}
+}
+
+// finishRouter is fixedRouter that also records request ends.
+type finishRouter struct{ fixedRouter }
+
+func (r *finishRouter) Finished(q *workload.Request, replica int, now time.Duration) {
+	r.log = append(r.log, fmt.Sprintf("%v finished %d r%d", now, q.ID, replica))
+}
+
+// TestSimulateFinisher: a router that implements Finisher hears each
+// request's end (its decode's), once, on the replica it was routed to.
+func TestSimulateFinisher(t *testing.T) {
+	reqs := []workload.Request{
+		req(0, 0, 8, 2, 4, 1, 2),
+		req(1, 1000, 12, 1, 4, 1, 2, 3),
+	}
+	r := &finishRouter{}
+	if _, err := Simulate(reqs, simConfig(1, 0, 1, 0), r); err != nil {
+		t.Fatal(err)
+	}
+	var ends []string
+	for _, l := range r.log {
+		if strings.Contains(l, "finished") {
+			ends = append(ends, l)
+		}
+	}
+	// Request 0: prefill 0.8 s, decode 2 s. Request 1 starts when the one
+	// slot frees at 2.8 s: prefill 0.4 s (2 blocks hit), decode 1 s.
+	if want := []string{"2.8s finished 0 r0", "4.2s finished 1 r0"}; !slices.Equal(ends, want) {
+		t.Fatalf("ends %q, want %q", ends, want)
+	}
+}
+
+// TestPickerRowInFlight: the picker row tells the server each request's
+// start and end, so between load reports the server's picture of its own
+// requests is exact: the live counts sum to the requests routed and not yet
+// ended after every routing decision, and to zero once all have ended.
+func TestPickerRowInFlight(t *testing.T) {
+	cfg := chatConfig(t)
+	pol := EnginePolicyWith("picker", EngineOptions{Refresh: DefaultRefresh, Picker: true})
+	pr := pol.New(cfg.Replicas, cfg.Seed).(*pickerRouter)
+	c := &liveChecker{t: t, pickerRouter: pr}
+	sc := SimConfig{Replicas: cfg.Replicas, CacheBlocks: cfg.CacheBlocks[0], Lag: cfg.Lag, Slots: cfg.Slots, Cost: cfg.Cost, Window: cfg.Window}
+	if _, err := Simulate(cfg.Requests, sc, c); err != nil {
+		t.Fatal(err)
+	}
+	if c.checked < len(cfg.Requests)/2 {
+		t.Fatalf("checked %d of %d decisions", c.checked, len(cfg.Requests))
+	}
+	if c.open != 0 {
+		t.Fatalf("%d requests never ended", c.open)
+	}
+	if live, _ := c.live(); live != 0 {
+		t.Fatalf("live counts sum to %d after every request ended", live)
+	}
+}
+
+// liveChecker wraps the picker row, counting what it started and saw end
+// and comparing the engine's live counts with it after every decision.
+type liveChecker struct {
+	*pickerRouter
+	t       *testing.T
+	open    int
+	checked int
+}
+
+func (c *liveChecker) live() (sum int64, listed int) {
+	c.eng.Loads(c.micros(), func(v engine.LoadView) {
+		sum += v.Live
+		listed++
+		if v.InFlight < float64(v.Live) {
+			c.t.Fatalf("%s: in flight %v below the live count %d", v.Replica, v.InFlight, v.Live)
+		}
+	})
+	return sum, listed
+}
+
+func (c *liveChecker) Route(q *workload.Request, v *View) int {
+	i := c.pickerRouter.Route(q, v)
+	c.open++
+	// Once every replica has reported, the engine lists them all.
+	if sum, listed := c.live(); listed == len(v.Replicas) {
+		if sum != int64(c.open) {
+			c.t.Fatalf("at %v: live counts sum to %d, %d requests in flight", v.Now, sum, c.open)
+		}
+		c.checked++
+	}
+	return i
+}
+
+func (c *liveChecker) Finished(q *workload.Request, replica int, now time.Duration) {
+	c.pickerRouter.Finished(q, replica, now)
+	c.open--
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // svgPalette colors policies in report order; bounds are drawn in black.
-var svgPalette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
+var svgPalette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8"}
 
 // WriteSVG plots block hit ratio against per-replica cache size, one line
 // per policy plus the pooled LRU bound (dashed) and the infinite-cache

@@ -63,6 +63,11 @@ type ReplicaLoad struct {
 	// RoutedSinceReport counts the requests this server routed to the
 	// replica since that report.
 	RoutedSinceReport int64 `json:"routedSinceReport"`
+	// InFlightRequests is the requests in flight there as load-aware
+	// routing sees them: the report's waiting and running, plus what this
+	// server routed and its endpoint picker started since, minus what the
+	// picker saw end since; at least the picker's own live requests.
+	InFlightRequests float64 `json:"inFlightRequests"`
 	// EstimatedQueueTokens is the prefill work the server estimates is
 	// ahead of a new request there now, in tokens.
 	EstimatedQueueTokens float64 `json:"estimatedQueueTokens"`

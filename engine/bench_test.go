@@ -330,3 +330,31 @@ func BenchmarkLookupRouteLoadAware(b *testing.B) {
 		b.ReportMetric(float64(decisions[LoadKeep])/float64(b.N), "keep/op")
 	})
 }
+
+// BenchmarkRequestStartedFinished measures what an endpoint picker pays
+// per request to keep in-flight counts exact: one RequestStarted and one
+// RequestFinished on the benchmark workload's replicas (found by name
+// among 32), serially and from every core at once on shared replicas.
+func BenchmarkRequestStartedFinished(b *testing.B) {
+	w, e := loadFixture()
+	names := w.replicas
+	now := benchNow + 1_000_000
+	b.Run("serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			n := names[i%len(names)]
+			e.RequestStarted(benchTenant, benchModel, n, now)
+			e.RequestFinished(benchTenant, benchModel, n, now)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for i := 0; pb.Next(); i++ {
+				n := names[i%len(names)]
+				e.RequestStarted(benchTenant, benchModel, n, now)
+				e.RequestFinished(benchTenant, benchModel, n, now)
+			}
+		})
+	})
+}

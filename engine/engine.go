@@ -385,10 +385,13 @@ func (s *scheme) findScope(adapter string) *scope {
 
 // replicaTable maps replica ids to replicas (a nil slot is a free id) and
 // to the rank of their names in sorted order, so the ranker can order ties
-// by replica id string with integer compares. Immutable once published.
+// by replica id string with integer compares; byName lists the ids in that
+// order, so a reader finds a replica by name without a lock (find).
+// Immutable once published.
 type replicaTable struct {
-	slots []*replica
-	rank  []uint16
+	slots  []*replica
+	rank   []uint16
+	byName []uint16
 }
 
 var emptyReplicaTable = &replicaTable{}
@@ -414,8 +417,28 @@ func newReplicaTable(slots []*replica) *replicaTable {
 		}
 	}
 	slices.SortFunc(order, func(a, b *replica) int { return strings.Compare(a.name, b.name) })
+	t.byName = make([]uint16, len(order))
 	for i, r := range order {
 		t.rank[r.id] = uint16(i)
+		t.byName[i] = r.id
 	}
 	return t
+}
+
+// find returns the replica named name, or nil. Lock-free, allocation-free.
+func (t *replicaTable) find(name string) *replica {
+	lo, hi := 0, len(t.byName)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		r := t.slots[t.byName[m]]
+		switch c := strings.Compare(r.name, name); {
+		case c == 0:
+			return r
+		case c < 0:
+			lo = m + 1
+		default:
+			hi = m
+		}
+	}
+	return nil
 }

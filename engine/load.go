@@ -141,21 +141,103 @@ type ewma struct{ w atomic.Uint64 }
 
 func (m *ewma) load() float64 { return math.Float64frombits(m.w.Load()) }
 
-// observe folds x in, at most 4× the current mean so that one outlier (a
-// gateway's inflated token claim) moves it little. Under contention it
-// gives up after a few attempts: a lost sample only delays the mean
-// slightly.
+// observe folds x in. Under contention it gives up after a few attempts: a
+// lost sample only delays the mean slightly.
 func (m *ewma) observe(x, weight float64) {
 	for range 4 {
 		w := m.w.Load()
 		old := math.Float64frombits(w)
 		next := x
 		if old > 0 {
-			next = old + weight*(min(x, 4*old)-old)
+			next = old + weight*(x-old)
 		}
 		if m.w.CompareAndSwap(w, math.Float64bits(next)) {
 			return
 		}
+	}
+}
+
+// requestPrice is a replica's estimate of the uncached prompt tokens of
+// one request routed to it: what a waiting request costs when its engine
+// reports counts only (docs/routing.md, "The price of a waiting
+// request"). Its samples are gateways' claims (NoteRouted), and a lookup
+// is not a request: retries, hedges and probes are never sent, and a
+// prompt can be asked about and never sent. So the estimate is robust:
+//
+//   - bounded influence: a sample counts at most priceOutlier × the
+//     current price (winsorized), so one claim moves it at most
+//     (priceOutlier−1) × priceWeight = 15 %;
+//   - paid for by KV evidence: every sample spends its size from a token
+//     budget that the blocks KV events show the replica newly storing fill
+//     (priceRefill tokens per stored token, the budget held to at most
+//     priceBudgetPrices current prices); a sample that finds the budget
+//     empty is dropped. Requests that are sent get prefilled and store
+//     about what they claimed, so their samples find budget (the 8× covers
+//     claims that exceed what their prefill stores: the unhashed partial
+//     last block, blocks the index did not know the replica held, and a
+//     conversation's next turn asked about while its previous turn still
+//     waits in the same replica's queue, which claims the whole history);
+//     lookups that are never sent store nothing, so however many there
+//     are, between two stores their samples spend at most the budget. The
+//     first sample, with no price yet, counts at most the budget: 8× what
+//     the replica was seen storing.
+//
+// Dropping a sample depends only on the budget's sign, never on the
+// sample's size, so real traffic that outruns the budget for a moment
+// (a burst routed before any of it is prefilled) loses samples without
+// biasing the price.
+type requestPrice struct {
+	// mean is the price in tokens (lock-free; 0 = none yet).
+	mean ewma
+	// budget is the tokens samples may still spend: filled under
+	// Engine.mu by stored blocks, spent by lookups (CAS). It may exceed
+	// priceBudgetPrices prices while there is no price yet or after the
+	// price fell; spending reads it clamped.
+	budget atomic.Int64
+}
+
+// Price estimator knobs (requestPrice).
+const (
+	priceWeight       = 0.05
+	priceOutlier      = 4
+	priceRefill       = 8
+	priceBudgetPrices = 16
+	// maxPriceBudget keeps the budget far from overflow.
+	maxPriceBudget = 1 << 50
+)
+
+func (p *requestPrice) load() float64 { return p.mean.load() }
+
+// observe spends x (winsorized) from the budget and folds it into the
+// price, or drops it when the budget is empty. Lock-free.
+func (p *requestPrice) observe(x float64) {
+	for range 4 {
+		have := p.budget.Load()
+		m := p.mean.load()
+		b := have
+		if m > 0 {
+			b = min(b, int64(priceBudgetPrices*m))
+		}
+		if b <= 0 {
+			return
+		}
+		s := min(x, float64(b))
+		if m > 0 {
+			s = min(x, priceOutlier*m)
+		}
+		if p.budget.CompareAndSwap(have, b-int64(math.Ceil(s))) {
+			p.mean.observe(s, priceWeight)
+			return
+		}
+	}
+}
+
+// refillLocked adds the evidence of tokens newly stored on the replica.
+// Called under Engine.mu; lookups spend concurrently, so it adds rather
+// than stores, and the cap applies when a sample spends.
+func (p *requestPrice) refillLocked(tokens int64) {
+	if tokens > 0 && p.budget.Load() < maxPriceBudget {
+		p.budget.Add(priceRefill * tokens)
 	}
 }
 
@@ -169,15 +251,22 @@ type replicaLoad struct {
 	// replica since its last report (requests, and their uncached prompt
 	// tokens): lookups add, the next report resets them. Lock-free.
 	routedReqs, routedTokens atomic.Int64
-	// reqTokens is the mean uncached prompt tokens of requests routed to
-	// the replica; it prices waiting requests when the engine does not
-	// report queued tokens. Lookups update it.
-	reqTokens ewma
+	// price is the mean uncached prompt tokens of a request routed to the
+	// replica; it prices waiting requests when the engine does not report
+	// queued tokens. Lookups sample it, stored blocks pay for the samples.
+	price requestPrice
 	// stored counts the prompt tokens of blocks the replica newly stored
 	// since its last report: KV events arrive as each prefill completes,
 	// so they drain the reported queue between reports. Written under
 	// Engine.mu, read by lookups.
 	stored atomic.Int64
+	// What an endpoint picker in this process saw (RequestStarted,
+	// RequestFinished): live is how many of its requests are in flight on
+	// the replica now (never negative once read through liveNow); started
+	// and finished count its starts and ends since the replica's last load
+	// report, which resets them. Lock-free; the report's reset and its
+	// reconciliation of live run under Engine.mu.
+	live, started, finished atomic.Int64
 
 	// Writer state (Engine.mu): newHolders counts keys the replica newly
 	// came to hold, and blockTokens is its last seen block size, which
@@ -186,11 +275,9 @@ type replicaLoad struct {
 	blockTokens int32
 }
 
-// reqTokensWeight smooths the mean routed request size; maxRoutedTokens
-// caps what one routed request adds to a replica's queue estimate (the
-// longest prompt a lookup resolves, rpc.MaxLookupTokens).
+// maxRoutedTokens caps what one routed request adds to a replica's queue
+// estimate (the longest prompt a lookup resolves, rpc.MaxLookupTokens).
 const (
-	reqTokensWeight = 0.05
 	maxRoutedTokens = 1 << 20
 	// carriedPerRequest bounds the routed-but-unstored work a counts-only
 	// report carries, in mean requests per request in flight.
@@ -208,6 +295,20 @@ func (e *Engine) applyLoadLocked(d *domain, r *replica, ls LoadStats, scheme str
 	routed := r.load.routedTokens.Swap(0)
 	r.load.routedReqs.Store(0)
 	stored := r.load.stored.Swap(0)
+	// So is every request a picker here started and ended before it.
+	started := r.load.started.Swap(0)
+	r.load.finished.Store(0)
+	// The picker's live count cannot exceed what the engine reports in
+	// flight plus what started since the last report (which the scrape
+	// may have missed): a lost RequestFinished makes a replica look busy
+	// until its next report at most.
+	if bound := int64(rec.Waiting) + int64(rec.Running) + started; r.load.live.Load() > bound {
+		for range 4 { // pickers move it concurrently; a lost race waits for the next report
+			if l := r.load.live.Load(); l <= bound || r.load.live.CompareAndSwap(l, bound) {
+				break
+			}
+		}
+	}
 	if rec.QueuedTokens < 0 && prev != nil && (rec.Waiting > 0 || rec.Running > 0) {
 		// Counts only: keep what this server routed there and has not yet
 		// seen stored (a prefill in progress is "running", not waiting),
@@ -232,7 +333,7 @@ func meanRequestTokens(slots []*replica) float64 {
 		if r == nil {
 			continue
 		}
-		if m := r.load.reqTokens.load(); m > 0 {
+		if m := r.load.price.load(); m > 0 {
 			sum += m
 			n++
 		}
@@ -340,7 +441,7 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 		if rec := r.load.report.Load(); rec != nil && now-rec.at < maxAge {
 			en.known = true
 			en.queue = rec.estimate(r, per)
-			en.inflight = float64(rec.Waiting) + float64(rec.Running) + float64(r.load.routedReqs.Load())
+			en.inflight = r.load.inFlight(rec)
 			sumQ += en.queue
 			sumN += en.inflight
 			known++
@@ -439,33 +540,41 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 			en.cached = float64(res.Scores[i].MatchedTokens) * float64(res.Scores[i].Prob)
 		}
 	}
-	// The best holder, and the contract pick's own cost.
-	best, bestCost := -1, 0.0
+	// The contract pick's own cost (it may be the affinity pin, which
+	// holds nothing of the request).
 	pickCost := cp.queue + alpha*t
+	for i := range res.Scores {
+		if s := &res.Scores[i]; s.rid == pick.rid {
+			pickCost = e.load.cost(cp.queue, t, s.MatchedTokens, s.Prob)
+			break
+		}
+	}
+	// The options: every holder that is not overloaded, and computing the
+	// prompt cold on the least-loaded replica. The pick stands unless it is
+	// overloaded or some option, not only the cheapest, is both cheaper and
+	// has a shorter queue.
+	exploreCost := lv.qref + alpha*t
+	yield := cp.overloaded || (exploreCost < pickCost && lv.qref < cp.queue)
+	best, bestCost := -1, 0.0
 	for i := range res.Scores {
 		s := &res.Scores[i]
 		en := lv.entry(s.rid)
-		if en == nil {
+		if en == nil || en.overloaded {
 			continue
 		}
 		c := e.load.cost(en.queue, t, s.MatchedTokens, s.Prob)
-		if s.rid == pick.rid {
-			pickCost = c
+		if c < pickCost && en.queue < cp.queue {
+			yield = true
 		}
-		if !en.overloaded && (best < 0 || c < bestCost) {
+		if best < 0 || c < bestCost {
 			best, bestCost = i, c
 		}
 	}
-	// The best holder is the alternative when it is no worse than
-	// computing the prompt cold on the least-loaded replica.
-	exploreCost := lv.qref + alpha*t
-	altCost, altQueue := exploreCost, lv.qref
-	if best >= 0 && bestCost < exploreCost {
-		altCost, altQueue = bestCost, lv.entry(res.Scores[best].rid).queue
-	}
-	if !cp.overloaded && !(altCost < pickCost && altQueue < cp.queue) {
+	if !yield {
 		return LoadKeep
 	}
+	// The answer is then the cheapest option: the re-ranked holders when
+	// the best of them beats computing cold, else the explore walk.
 	if best < 0 || bestCost >= exploreCost {
 		return LoadExplore
 	}
@@ -612,7 +721,77 @@ func (e *Engine) NoteRouted(res *LookupResult, pick ContractPick, uncached int64
 	u := min(max(uncached, 0), maxRoutedTokens)
 	r.load.routedReqs.Add(1)
 	r.load.routedTokens.Add(u)
-	r.load.reqTokens.observe(float64(u), reqTokensWeight)
+	r.load.price.observe(float64(u))
+}
+
+// RequestStarted records that an endpoint picker in this process sent a
+// request of (tenant, model) to replica replicaID; RequestFinished, that
+// the request ended (its response completed, failed or was cancelled).
+// They make the replica's requests in flight exact between load reports
+// (docs/routing.md, "What a picker sees"). The picker calls them once per
+// request, off the lookup path: both are lock-free and allocate nothing.
+// An unknown tenant, model or replica (one the index has no record of) is
+// a no-op, so ids taken from requests cannot grow memory; so is everything
+// while load-aware routing is off. now is the call's time (µs), as on
+// every engine entry point; the counts are exact and need no clock.
+func (e *Engine) RequestStarted(tenant, model, replicaID string, now int64) {
+	r := e.pickedReplica(tenant, model, replicaID)
+	if r == nil {
+		return
+	}
+	r.load.live.Add(1)
+	r.load.started.Add(1)
+	// The lookup that chose the replica counted this request as routed
+	// (NoteRouted); now that it is known to be sent it counts as started,
+	// once: take one out of the routed count, if there is one (a lookup
+	// whose request is never sent keeps counting until the next report).
+	// The tokens it routed stay in the queue estimate.
+	for range 4 {
+		n := r.load.routedReqs.Load()
+		if n <= 0 || r.load.routedReqs.CompareAndSwap(n, n-1) {
+			break
+		}
+	}
+}
+
+// RequestFinished: see RequestStarted. A finish without a start this
+// process counted (the replica was unknown then, or its record was
+// recreated) leaves the live count at zero, never below.
+func (e *Engine) RequestFinished(tenant, model, replicaID string, now int64) {
+	r := e.pickedReplica(tenant, model, replicaID)
+	if r == nil {
+		return
+	}
+	if r.load.live.Add(-1) < 0 {
+		// Undo rather than loop: readers clamp at zero meanwhile.
+		r.load.live.Add(1)
+	}
+	r.load.finished.Add(1)
+}
+
+// pickedReplica finds the replica a picker's call names, without locks.
+func (e *Engine) pickedReplica(tenant, model, replicaID string) *replica {
+	if !e.load.Enabled {
+		return nil
+	}
+	d := e.lookupDomain(tenant, model)
+	if d == nil {
+		return nil
+	}
+	return d.table().find(replicaID)
+}
+
+// liveNow is the picker's live count, never negative.
+func (l *replicaLoad) liveNow() int64 { return max(l.live.Load(), 0) }
+
+// inFlight is the replica's requests in flight as routing sees them: what
+// the engine reported, plus what this server routed and a picker here
+// started since, minus what the picker saw end since; and never fewer than
+// the picker's own live requests (every pod's picker sees only its own
+// requests, and all of them see the engine's reports).
+func (l *replicaLoad) inFlight(rec *loadRecord) float64 {
+	n := int64(rec.Waiting) + int64(rec.Running) + l.routedReqs.Load() + l.started.Load() - l.finished.Load()
+	return float64(max(n, l.liveNow(), 0))
 }
 
 // MatchedAt returns the matched tokens and freshness res holds for pick
@@ -634,10 +813,14 @@ func (r *replica) noteStoredLocked(before int64, blockTokens int32) {
 	if blockTokens > 0 {
 		r.load.blockTokens = blockTokens
 	}
-	if r.load.newHolders == before || r.load.report.Load() == nil || blockTokens <= 0 {
+	if r.load.newHolders == before || blockTokens <= 0 {
 		return
 	}
-	r.load.stored.Add(int64(blockTokens) * (r.load.newHolders - before))
+	t := int64(blockTokens) * (r.load.newHolders - before)
+	r.load.price.refillLocked(t)
+	if r.load.report.Load() != nil {
+		r.load.stored.Add(t)
+	}
 }
 
 // LoadView is one replica's load as /snapshot and the metrics show it.
@@ -646,8 +829,15 @@ type LoadView struct {
 	Waiting, Running       int32
 	// QueuedTokens is the engine's figure; negative when it sent none.
 	QueuedTokens int64
-	// RoutedSinceReport counts requests routed there since the report.
+	// RoutedSinceReport counts requests routed there since the report
+	// and not (yet) known to have started.
 	RoutedSinceReport int64
+	// StartedSinceReport and FinishedSinceReport count the requests a
+	// picker in this process started and saw end there since the report;
+	// Live is how many of its requests are in flight there now.
+	StartedSinceReport, FinishedSinceReport, Live int64
+	// InFlight is the requests in flight as load-aware routing sees them.
+	InFlight float64
 	// QueueTokens is the current estimate of prefill work ahead (tokens).
 	QueueTokens float64
 	// ReportedAt is the server time of the report (µs); Fresh is false
@@ -681,10 +871,14 @@ func (e *Engine) Loads(now int64, fn func(LoadView)) {
 			fn(LoadView{
 				Tenant: d.tenant, Model: d.model, Replica: r.name,
 				Waiting: rec.Waiting, Running: rec.Running, QueuedTokens: rec.QueuedTokens,
-				RoutedSinceReport: r.load.routedReqs.Load(),
-				QueueTokens:       rec.estimate(r, per),
-				ReportedAt:        rec.at,
-				Fresh:             now-rec.at < maxAge,
+				RoutedSinceReport:   r.load.routedReqs.Load(),
+				StartedSinceReport:  r.load.started.Load(),
+				FinishedSinceReport: r.load.finished.Load(),
+				Live:                r.load.liveNow(),
+				InFlight:            r.load.inFlight(rec),
+				QueueTokens:         rec.estimate(r, per),
+				ReportedAt:          rec.at,
+				Fresh:               now-rec.at < maxAge,
 			})
 		}
 		return true

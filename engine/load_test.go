@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/inferencecache/inferencecache/policy"
@@ -203,12 +204,13 @@ func TestLoadCostRanking(t *testing.T) {
 }
 
 // TestLoadEqualOrUnknownLoadsAreExact: with load-awareness active but
-// equal loads, with pressure-only replicas, or with load-aware routing off,
+// equal loads (reported, or reported plus equal picker counts), with
+// pressure-only replicas, or with load-aware routing off,
 // every decision keeps the contract's answer and the explore walk picks
 // the contract's pin.
 func TestLoadEqualOrUnknownLoadsAreExact(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	for _, mode := range []string{"equal", "pressure-only", "off"} {
+	for _, mode := range []string{"equal", "equal-live", "pressure-only", "off"} {
 		cfg := DefaultLoadConfig()
 		if mode == "off" {
 			cfg.Enabled = false
@@ -228,6 +230,15 @@ func TestLoadEqualOrUnknownLoadsAreExact(t *testing.T) {
 			switch mode {
 			case "equal", "off":
 				x.load(n, now, 6, 3, 5000)
+			case "equal-live":
+				// A picker here started 7 requests on each and saw 2 end.
+				x.load(n, now, 6, 3, 5000)
+				for range 7 {
+					x.e.RequestStarted("team", "m", n, now)
+				}
+				for range 2 {
+					x.e.RequestFinished("team", "m", n, now)
+				}
 			case "pressure-only":
 				x.stats(n, now, 0.5, float32(i)/10)
 			}
@@ -322,6 +333,9 @@ func TestLoadQueueEstimate(t *testing.T) {
 	x := newLoadTix(t, DefaultLoadConfig())
 	now := tT
 	x.chain("a", now, 0, 1)
+	// KV evidence that a prefilled 320 tokens: it pays for the price
+	// samples below (requestPrice).
+	x.chain("a", now, 0, 900, 901, 902, 903, 904, 905, 906, 907, 908, 909, 910, 911, 912, 913, 914, 915, 916, 917, 918, 919)
 	x.load("a", now, 2, 4, 1000)
 	est := func() float64 {
 		var q float64
@@ -521,5 +535,371 @@ func TestLoadCountsOnlyEqualFigures(t *testing.T) {
 	}
 	if _, d, first := x.advise(chainReq(1, 2, 3, 4), now); d != LoadKeep || first != "a" {
 		t.Fatalf("equal counts: decision %v first %q, want the contract's a", d, first)
+	}
+}
+
+// loadP reports replica's load and pressure in one stats report at now.
+func (x *tix) loadP(replica string, now int64, waiting, running int32, queued int64, pressure float32) {
+	x.e.Ingest(&Update{TenantID: "team", ModelID: "m", HashScheme: "vllm", ReplicaID: replica, TimestampUs: now,
+		Stats: &ReplicaStats{Pressure: pressure, Load: LoadStats{Reported: true, Waiting: waiting, Running: running, QueuedTokens: queued}}}, now)
+}
+
+// TestLoadPickComparesEveryCheaperOption: the contract's pick yields when
+// any option is both cheaper and has a shorter queue, not only the
+// cheapest one. Here the cheapest option (b, the longest match, ranked
+// below a by the contract because of its pressure) has a longer queue than
+// the pick a, while d is cheaper than a and has a shorter queue.
+func TestLoadPickComparesEveryCheaperOption(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	blocks := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	x.chain("a", now, 0, blocks[:8]...)
+	x.chain("b", now, 0, blocks...)
+	x.chain("d", now, 0, blocks[:6]...)
+	x.chain("e", now, 0, 999) // serves the scheme, holds nothing of the request
+	// Queues in prefill tokens; equal requests in flight, so nobody is
+	// overloaded. Costs (α = 16, 160-token prompt): a 20000 + 16×32 =
+	// 20512, b 20010 + 0 = 20010, d 19000 + 16×64 = 20024; exploring costs
+	// 19000 + 16×160 = 21560.
+	x.loadP("a", now, 4, 1, 20000, 0)
+	x.loadP("b", now, 4, 1, 20010, 0.5) // halves b's contract score below a's
+	x.loadP("d", now, 4, 1, 19000, 0)
+	x.loadP("e", now, 4, 1, 30000, 0)
+	if c := x.lookup(chainReq(blocks...)); c.Strategy != StrategyPrefixMatch || c.Scores[0].ReplicaID != "a" {
+		t.Fatalf("setup: the contract's pick is not a: %+v", c.Scores)
+	}
+	res, d, first := x.advise(chainReq(blocks...), now)
+	if d != LoadRerank || first != "b" {
+		t.Fatalf("decision %v first %q, want rerank with b first (d is cheaper than a and has a shorter queue; scores %+v)", d, first, res.Scores)
+	}
+	var order []string
+	var scores []float32
+	for _, s := range res.Scores {
+		order = append(order, s.ReplicaID)
+		scores = append(scores, s.Score)
+	}
+	// Advantages over exploring: b 21560 − 20010, d 21560 − 20024, a 21560 − 20512.
+	if want, wantS := []string{"b", "d", "a"}, []float32{1550, 1536, 1048}; !slices.Equal(order, want) || !slices.Equal(scores, wantS) {
+		t.Fatalf("ranked %v scores %v, want %v %v", order, scores, want, wantS)
+	}
+}
+
+// TestLoadPriceUnroutedLookupsBounded: lookups that are never routed
+// (retries, probes, hedges, huge prompts never sent) move the price of a
+// waiting request by a bounded amount however many there are: the price
+// of a counts-only report must not follow a gateway's claims without
+// evidence that replicas prefilled them.
+func TestLoadPriceUnroutedLookupsBounded(t *testing.T) {
+	for _, n := range []int{100, 10_000} {
+		x := newLoadTix(t, DefaultLoadConfig())
+		now := tT
+		next := uint64(1000)
+		for _, r := range []string{"a", "b"} {
+			x.chain(r, now, 0, 1)
+			// A first prefill's KV events: 20 blocks of 16 tokens.
+			var hs []uint64
+			for range 20 {
+				hs = append(hs, next)
+				next++
+			}
+			x.chain(r, now, 0, hs...)
+		}
+		x.load("a", now, 3, 1, -1)
+		x.load("b", now, 3, 1, -1)
+		price := func() float64 { return meanRequestTokens(x.e.lookupDomain("team", "m").replicaSlots()) }
+		route := func(replica string, uncached int64) {
+			res := &LookupResult{}
+			x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, now, res)
+			for i := range res.Scores {
+				if res.Scores[i].ReplicaID == replica {
+					x.e.NoteRouted(res, PickOfScore(&res.Scores[i]), uncached, now)
+					return
+				}
+			}
+			t.Fatalf("%s holds nothing of the request", replica)
+		}
+		// Real traffic: every request routed is then prefilled, and its
+		// KV events show 320 new tokens stored (20 blocks of 16).
+		for range 40 {
+			for _, r := range []string{"a", "b"} {
+				route(r, 320)
+				var hs []uint64
+				for range 20 {
+					hs = append(hs, next)
+					next++
+				}
+				x.chain(r, now, 0, hs...)
+			}
+		}
+		p0 := price()
+		if math.Abs(p0-320) > 1 {
+			t.Fatalf("price after real traffic %v, want 320", p0)
+		}
+		// n lookups for a with the longest prompt a lookup resolves, never
+		// sent: nothing new is stored.
+		for range n {
+			route("a", maxRoutedTokens)
+		}
+		p := price()
+		t.Logf("%d unrouted lookups: price %.1f -> %.1f", n, p0, p)
+		if p > 2*p0 {
+			t.Fatalf("%d unrouted lookups moved the price from %v to %v (> 2×)", n, p0, p)
+		}
+		// Sent requests bring it back: their prefills pay for their samples.
+		for range 100 {
+			route("a", 320)
+			var hs []uint64
+			for range 20 {
+				hs = append(hs, next)
+				next++
+			}
+			x.chain("a", now, 0, hs...)
+		}
+		if p := price(); math.Abs(p-p0) > 0.05*p0 {
+			t.Fatalf("price %v after real traffic resumed, want about %v", p, p0)
+		}
+	}
+	// A replica with no price yet: the first sample counts at most 8× what
+	// KV events showed it storing, and the rest find no budget.
+	x := newLoadTix(t, DefaultLoadConfig())
+	x.chain("c", tT, 0, 1, 2) // 32 tokens stored
+	x.load("c", tT, 3, 1, -1)
+	res := &LookupResult{}
+	for range 1000 {
+		x.e.LookupRoute(&LookupRequest{TenantID: "team", ModelID: "m", HashScheme: "vllm", BlockHashes: chainOf(1), BlockTokenCounts: []int32{16}}, tT, res)
+		x.e.NoteRouted(res, PickOfScore(&res.Scores[0]), maxRoutedTokens, tT)
+	}
+	if p := meanRequestTokens(x.e.lookupDomain("team", "m").replicaSlots()); p > priceRefill*32 {
+		t.Fatalf("1000 unrouted lookups against a replica without a price: price %v, want at most %d", p, priceRefill*32)
+	}
+}
+
+// view returns replica's LoadView (the figures routing uses).
+func (x *tix) view(replica string, now int64) LoadView {
+	x.t.Helper()
+	var v LoadView
+	found := false
+	x.e.Loads(now, func(l LoadView) {
+		if l.Replica == replica {
+			v, found = l, true
+		}
+	})
+	if !found {
+		x.t.Fatalf("no load view for %s", replica)
+	}
+	return v
+}
+
+// TestRequestStartedFinished: what an endpoint picker sees reaches the
+// in-flight estimate at once (the overload guard acts on it between
+// reports), finished requests leave it, a request the lookup counted as
+// routed and the picker then started counts once, and the live count is
+// never negative.
+func TestRequestStartedFinished(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1, 2, 3, 4)
+	x.chain("b", now, 0, 1, 2, 3)
+	x.chain("c", now, 0, 1, 2, 3)
+	for _, r := range []string{"a", "b", "c"} {
+		x.load(r, now, 0, 4, 0) // 4 in flight each: active, nobody overloaded
+	}
+	req := chainReq(1, 2, 3, 4)
+	if _, d, first := x.advise(req, now); d != LoadKeep || first != "a" {
+		t.Fatalf("setup: decision %v first %q, want the contract's a", d, first)
+	}
+	// 20 requests the picker sent to a: 24 in flight exceeds
+	// max(1.25 × 10.7 + 2√10.7, 4) = 19.9, so a yields to b.
+	for range 20 {
+		x.e.RequestStarted("team", "m", "a", now)
+	}
+	if v := x.view("a", now); v.InFlight != 24 || v.Live != 20 || v.StartedSinceReport != 20 {
+		t.Fatalf("after 20 starts: %+v", v)
+	}
+	if _, d, first := x.advise(req, now); d == LoadKeep || first == "a" {
+		t.Fatalf("24 in flight on a: decision %v first %q, want a to yield", d, first)
+	}
+	// They end: a is back to what its engine reported.
+	for range 20 {
+		x.e.RequestFinished("team", "m", "a", now)
+	}
+	if v := x.view("a", now); v.InFlight != 4 || v.Live != 0 {
+		t.Fatalf("after 20 ends: %+v", v)
+	}
+	if _, d, first := x.advise(req, now); d != LoadKeep || first != "a" {
+		t.Fatalf("after the ends: decision %v first %q, want the contract's a", d, first)
+	}
+	// A request the lookup counted as routed and the picker then started
+	// counts once.
+	res := &LookupResult{}
+	req.TenantID, req.ModelID, req.HashScheme = "team", "m", "vllm"
+	x.e.LookupRoute(&req, now, res)
+	x.e.NoteRouted(res, PickOfScore(&res.Scores[0]), 64, now)
+	if v := x.view("a", now); v.InFlight != 5 || v.RoutedSinceReport != 1 {
+		t.Fatalf("after one routed lookup: %+v", v)
+	}
+	x.e.RequestStarted("team", "m", "a", now)
+	if v := x.view("a", now); v.InFlight != 5 || v.RoutedSinceReport != 0 || v.Live != 1 {
+		t.Fatalf("the routed request, started: %+v (want 5 in flight, counted once)", v)
+	}
+	// Ends with no start (the replica was unknown when the request
+	// started): the live count stays at zero, never below.
+	x.e.RequestFinished("team", "m", "a", now)
+	for range 3 {
+		x.e.RequestFinished("team", "m", "b", now)
+	}
+	if v := x.view("b", now); v.Live != 0 || v.InFlight != 1 {
+		t.Fatalf("b after 3 ends without a start: %+v (want live 0, 4 reported − 3 ended)", v)
+	}
+	x.e.RequestStarted("team", "m", "b", now)
+	if v := x.view("b", now); v.Live != 1 {
+		t.Fatalf("b after the ends and one start: live %d, want 1", v.Live)
+	}
+	// A report resets the since-report counts (its figures include them)
+	// and keeps the live count within what the engine can have in flight.
+	for range 9 {
+		x.e.RequestStarted("team", "m", "c", now)
+	}
+	x.load("c", now, 0, 12, 0)
+	if v := x.view("c", now); v.InFlight != 12 || v.Live != 9 || v.StartedSinceReport != 0 {
+		t.Fatalf("c after a report that includes its 9 starts: %+v", v)
+	}
+	// The engine says 3 in flight and nothing started since: 6 of the
+	// picker's live requests must have ended without RequestFinished.
+	x.load("c", now, 0, 3, 0)
+	if v := x.view("c", now); v.Live != 3 || v.InFlight != 3 {
+		t.Fatalf("c after a report below its live count: %+v, want live 3", v)
+	}
+}
+
+// TestRequestStartedNoOps: calls naming what the index does not know leave
+// no trace (ids come from requests), and none count while load-aware
+// routing is off.
+func TestRequestStartedNoOps(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1)
+	x.load("a", now, 0, 4, 0)
+	for _, c := range [][3]string{{"nobody", "m", "a"}, {"team", "other", "a"}, {"team", "m", "zz"}, {"", "", ""}} {
+		x.e.RequestStarted(c[0], c[1], c[2], now)
+		x.e.RequestFinished(c[0], c[1], c[2], now)
+	}
+	if x.e.lookupDomain("nobody", "m") != nil || x.e.lookupDomain("team", "other") != nil {
+		t.Fatal("a call for an unknown tenant or model created a domain")
+	}
+	if x.e.lookupDomain("team", "m").table().find("zz") != nil {
+		t.Fatal("a call for an unknown replica created it")
+	}
+	if v := x.view("a", now); v.InFlight != 4 || v.Live != 0 || v.StartedSinceReport != 0 || v.FinishedSinceReport != 0 {
+		t.Fatalf("a moved: %+v", v)
+	}
+	off := DefaultLoadConfig()
+	off.Enabled = false
+	y := newLoadTix(t, off)
+	y.chain("a", now, 0, 1)
+	y.load("a", now, 0, 4, 0)
+	y.e.RequestStarted("team", "m", "a", now)
+	if v := y.view("a", now); v.Live != 0 || v.StartedSinceReport != 0 {
+		t.Fatalf("load-aware routing off counted a start: %+v", v)
+	}
+}
+
+// TestRequestStartedKeepsLightLoadExact: activation stays driven by
+// engine reports only. However many requests a picker starts against an
+// idle fleet, answers stay the contract's until an engine reports load.
+func TestRequestStartedKeepsLightLoadExact(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	x.chain("a", now, 0, 1, 2, 3)
+	x.chain("b", now, 0, 1, 2)
+	x.load("a", now, 0, 1, 0)
+	x.load("b", now, 0, 0, 0)
+	for range 500 {
+		x.e.RequestStarted("team", "m", "a", now)
+	}
+	if x.e.lookupDomain("team", "m").loadActive.Load() {
+		t.Fatal("picker starts activated load-awareness")
+	}
+	req := chainReq(1, 2, 3)
+	contract := x.lookup(req)
+	res, d, first := x.advise(req, now)
+	if d != LoadKeep || first != "a" || !slices.Equal(res.Scores, contract.Scores) {
+		t.Fatalf("decision %v first %q scores %+v, want the contract's %+v", d, first, res.Scores, contract.Scores)
+	}
+}
+
+// TestRequestStartedAllocs: the picker's calls allocate nothing.
+func TestRequestStartedAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	names := []string{"r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7"}
+	for _, n := range names {
+		x.chain(n, now, 0, 1)
+		x.load(n, now, 1, 4, 100)
+	}
+	i := 0
+	if n := testing.AllocsPerRun(1000, func() {
+		name := names[i%len(names)]
+		i++
+		x.e.RequestStarted("team", "m", name, now)
+		x.e.RequestFinished("team", "m", name, now)
+		x.e.RequestStarted("team", "m", "unknown", now)
+		x.e.RequestFinished("nobody", "m", name, now)
+	}); n != 0 {
+		t.Fatalf("RequestStarted/RequestFinished allocate %v times per run", n)
+	}
+}
+
+// TestRequestStartedConcurrent: pickers on many goroutines, lookups and
+// load reports at once (run with -race). Once every request ended and a
+// report came, the live counts are zero and the estimate is the report's.
+func TestRequestStartedConcurrent(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	names := []string{"r0", "r1", "r2", "r3"}
+	for _, n := range names {
+		x.chain(n, now, 0, 1, 2)
+		x.load(n, now, 2, 4, 100)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 2000 {
+				n := names[(g+i)%len(names)]
+				x.e.RequestStarted("team", "m", n, now)
+				if i%3 == 0 {
+					x.e.RequestStarted("team", "m", "ghost", now)
+				}
+				x.e.RequestFinished("team", "m", n, now)
+			}
+		})
+	}
+	wg.Go(func() {
+		res := &LookupResult{}
+		req := chainReq(1, 2)
+		req.TenantID, req.ModelID, req.HashScheme = "team", "m", "vllm"
+		for range 2000 {
+			x.e.LookupRoute(&req, now, res)
+			if len(res.Scores) > 0 {
+				pick := PickOfScore(&res.Scores[0])
+				x.e.AdviseByLoad(&req, now, res, pick, 32)
+				x.e.NoteRouted(res, pick, 32, now)
+			}
+		}
+	})
+	wg.Go(func() {
+		for i := range 200 {
+			x.load(names[i%len(names)], now, int32(i%5), 4, 100)
+		}
+	})
+	wg.Wait()
+	for _, n := range names {
+		x.load(n, now, 1, 2, 100)
+		if v := x.view(n, now); v.Live != 0 || v.InFlight != 3 {
+			t.Fatalf("%s after every request ended and a report: %+v", n, v)
+		}
 	}
 }

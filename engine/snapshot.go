@@ -138,6 +138,7 @@ func snapshotLoad(model string, rec *loadRecord, r *replica, per float64, now, m
 		WaitingRequests:      rec.Waiting,
 		RunningRequests:      rec.Running,
 		RoutedSinceReport:    r.load.routedReqs.Load(),
+		InFlightRequests:     r.load.inFlight(rec),
 		EstimatedQueueTokens: rec.estimate(r, per),
 		ReportedAt:           time.UnixMicro(rec.at).UTC(),
 		Fresh:                now-rec.at < maxAge,

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/policy"
 	"github.com/inferencecache/inferencecache/rpc"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -138,6 +139,16 @@ func TestLoadAwareEqualLoadsDifferential(t *testing.T) {
 		}
 		on.report(t, us...)
 		off.report(t, us...)
+		// An endpoint picker's counts, equal on every replica: 3 started
+		// since the report, 1 of them ended.
+		for _, e := range []*engine.Engine{on.e, off.e} {
+			for _, rep := range replicas {
+				for range 3 {
+					e.RequestStarted("t1", model, rep, now)
+				}
+				e.RequestFinished("t1", model, rep, now)
+			}
+		}
 	}
 	checked := 0
 	for i := 0; i < 400; i++ {

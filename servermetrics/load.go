@@ -33,7 +33,7 @@ func (m *Metrics) RegisterLoads(src func(now int64, fn func(engine.LoadView))) {
 			"Prefill work, in tokens, the server estimates is queued ahead of a new request on the replica: its last load report, plus what the server routed there since, minus the prefills its KV events showed complete since. Only replicas with a fresh load report.",
 			labels, nil),
 		inflight: prometheus.NewDesc(NameReplicaInflightRequests,
-			"Requests in flight on the replica as load-aware routing sees them: waiting plus running from its last load report, plus the requests the server routed there since. Only replicas with a fresh load report.",
+			"Requests in flight on the replica as load-aware routing sees them: waiting plus running from its last load report, plus the requests the server routed there and its endpoint picker started there since, minus those the picker saw end since, and at least the picker's own live requests. Only replicas with a fresh load report.",
 			labels, nil),
 	})
 }
@@ -49,7 +49,6 @@ func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
 			return
 		}
 		ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, v.QueueTokens, v.Tenant, v.Model, v.Replica)
-		inflight := float64(v.Waiting) + float64(v.Running) + float64(v.RoutedSinceReport)
-		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, inflight, v.Tenant, v.Model, v.Replica)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, v.InFlight, v.Tenant, v.Model, v.Replica)
 	})
 }
