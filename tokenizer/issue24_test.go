@@ -33,9 +33,9 @@ func TestMetaspaceFirstOnlyAtOffsetZero(t *testing.T) {
 		want []uint32
 	}{
 		{"a", []uint32{4}},
-		{"a<x>b", []uint32{4, 6, 3}},  // raw-text (pass 0) token
-		{"a<y>b", []uint32{4, 7, 3}},  // normalized (pass 1) token
-		{"<y>b", []uint32{7, 3}},      // the token is at 0, "b" is not
+		{"a<x>b", []uint32{4, 6, 3}}, // raw-text (pass 0) token
+		{"a<y>b", []uint32{4, 7, 3}}, // normalized (pass 1) token
+		{"<y>b", []uint32{7, 3}},     // the token is at 0, "b" is not
 		{"a<y>b<y>a", []uint32{4, 7, 3, 7, 2}},
 	} {
 		if got := encode(t, tk, c.text); !slices.Equal(got, c.want) {

@@ -2,9 +2,11 @@
 // tokenizer.json formats that common served models use: byte-level BPE with
 // regex pre-tokenizers (Llama 3, Qwen 2/3, DeepSeek V3) and
 // SentencePiece-style BPE with byte fallback (Llama 2, Gemma). It encodes
-// only (no offsets, no decoding) and never adds the post-processor's special
-// tokens: a chat template already writes them, and engines tokenize the
-// rendered prompt with add_special_tokens=false.
+// only (no offsets, no decoding). Encode adds no special tokens (a chat
+// template writes them; engines tokenize a rendered chat prompt with
+// add_special_tokens=false); EncodeSpecial adds the post-processor's, as
+// engines do for a completion prompt. EncodeFrom tokenizes a text from a
+// Cut of a text that shares its prefix, with the same ids as Encode.
 //
 // Pipeline of Encode, as in Hugging Face tokenizers:
 //
@@ -45,6 +47,7 @@ type Tokenizer struct {
 	norm  normalizer // nil: none
 	pre   preTokenizer
 	model *bpe
+	post  postProcessor
 
 	// vocabSize is the number of ids (vocab plus added tokens).
 	vocabSize int
@@ -83,6 +86,7 @@ func Load(data []byte) (*Tokenizer, error) {
 	if err := t.added.build(f.AddedTokens, t.norm); err != nil {
 		return nil, err
 	}
+	t.post = buildPostProcessor(f.PostProcessor)
 	t.vocabSize = len(t.model.rawVocab)
 	for _, a := range t.added.tokens {
 		if int(a.id) >= t.vocabSize {
@@ -93,10 +97,11 @@ func Load(data []byte) (*Tokenizer, error) {
 }
 
 type fileJSON struct {
-	AddedTokens  []addedTokenJSON `json:"added_tokens"`
-	Normalizer   json.RawMessage  `json:"normalizer"`
-	PreTokenizer json.RawMessage  `json:"pre_tokenizer"`
-	Model        json.RawMessage  `json:"model"`
+	AddedTokens   []addedTokenJSON `json:"added_tokens"`
+	Normalizer    json.RawMessage  `json:"normalizer"`
+	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
+	Model         json.RawMessage  `json:"model"`
+	PostProcessor json.RawMessage  `json:"post_processor"`
 }
 
 type addedTokenJSON struct {
