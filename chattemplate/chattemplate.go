@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -29,14 +30,22 @@ type Template struct {
 	tmpl *jinja.Template
 	// vars are the config's special tokens, passed to every render.
 	vars map[string]string
+	// additional is additional_special_tokens, nil when absent.
+	additional []string
+	// format is the content format vLLM detects for the template.
+	format ContentFormat
 }
 
 type configJSON struct {
-	ChatTemplate json.RawMessage `json:"chat_template"`
-	BOS          json.RawMessage `json:"bos_token"`
-	EOS          json.RawMessage `json:"eos_token"`
-	UNK          json.RawMessage `json:"unk_token"`
-	PAD          json.RawMessage `json:"pad_token"`
+	ChatTemplate json.RawMessage   `json:"chat_template"`
+	BOS          json.RawMessage   `json:"bos_token"`
+	EOS          json.RawMessage   `json:"eos_token"`
+	UNK          json.RawMessage   `json:"unk_token"`
+	PAD          json.RawMessage   `json:"pad_token"`
+	SEP          json.RawMessage   `json:"sep_token"`
+	CLS          json.RawMessage   `json:"cls_token"`
+	MASK         json.RawMessage   `json:"mask_token"`
+	Additional   []json.RawMessage `json:"additional_special_tokens"`
 }
 
 // Parse reads a tokenizer_config.json and compiles its chat_template (a
@@ -51,12 +60,22 @@ func Parse(config []byte) (*Template, error) {
 		return nil, err
 	}
 	t := &Template{vars: map[string]string{}}
-	for name, raw := range map[string]json.RawMessage{"bos_token": c.BOS, "eos_token": c.EOS, "unk_token": c.UNK, "pad_token": c.PAD} {
+	for name, raw := range map[string]json.RawMessage{"bos_token": c.BOS, "eos_token": c.EOS, "unk_token": c.UNK, "pad_token": c.PAD,
+		"sep_token": c.SEP, "cls_token": c.CLS, "mask_token": c.MASK} {
 		if s, ok := tokenString(raw); ok {
 			t.vars[name] = s
 		}
 	}
-	if t.tmpl, err = compile(src); err != nil {
+	for _, raw := range c.Additional {
+		if s, ok := tokenString(raw); ok {
+			t.additional = append(t.additional, s)
+		}
+	}
+	if c.Additional != nil && t.additional == nil {
+		t.additional = []string{}
+	}
+	t.format = detectContentFormat(src)
+	if t.tmpl, err = compile(rewriteFilters(src)); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -130,17 +149,20 @@ func (t *Template) RenderUser(text string) (out string, err error) {
 			out, err = "", fmt.Errorf("cannot render chat_template: %v", r)
 		}
 	}()
-	data := make(map[string]jinja.Value, len(t.vars)+2)
-	for k, v := range t.vars {
-		data[k] = jinja.NewString(v)
-	}
+	data := t.baseData(time.Time{})
 	// An ordered dict, role first: tojson writes keys in insertion order,
 	// as Python does for the engine's {"role": ..., "content": ...}.
 	msg := jinja.NewDict()
 	msg.AsDict().Set("role", jinja.NewString("user"))
-	msg.AsDict().Set("content", jinja.NewString(text))
+	if t.format == FormatOpenAI {
+		msg.AsDict().Set("content", jinja.NewList([]jinja.Value{textPart(jinja.NewString(text))}))
+	} else {
+		msg.AsDict().Set("content", jinja.NewString(text))
+	}
 	data["messages"] = jinja.NewList([]jinja.Value{msg})
 	data["add_generation_prompt"] = jinja.NewBool(true)
+	data["tools"] = jinja.None()
+	data["documents"] = jinja.None()
 	out, err = t.tmpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("cannot render chat_template: %w", err)
