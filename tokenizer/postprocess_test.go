@@ -24,8 +24,8 @@ func withPost(t *testing.T, post any) *Tokenizer {
 
 func TestEncodeSpecial(t *testing.T) {
 	tmpl := map[string]any{"type": "TemplateProcessing",
-		"single": []any{map[string]any{"SpecialToken": map[string]any{"id": "<bos>", "type_id": 0}}, map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}},
-		"pair":   []any{},
+		"single":         []any{map[string]any{"SpecialToken": map[string]any{"id": "<bos>", "type_id": 0}}, map[string]any{"Sequence": map[string]any{"id": "A", "type_id": 0}}},
+		"pair":           []any{},
 		"special_tokens": map[string]any{"<bos>": map[string]any{"id": "<bos>", "ids": []int{300}, "tokens": []string{"<bos>"}}}}
 	ctx := context.Background()
 	for _, c := range []struct {

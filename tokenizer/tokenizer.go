@@ -567,3 +567,17 @@ type patternJSON struct {
 	String *string `json:"String"`
 	Regex  *string `json:"Regex"`
 }
+
+// CutOffsets appends the offsets of text's cuts (the Offset of each Cut
+// EncodeFrom would report) without encoding: one added-token scan.
+func (t *Tokenizer) CutOffsets(dst []int, text string) []int {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	sc.segs = t.added.split(sc.segs[:0], text, 0, 0)
+	for _, seg := range sc.segs {
+		if seg.id >= 0 && seg.cut {
+			dst = append(dst, seg.end)
+		}
+	}
+	return dst
+}

@@ -57,6 +57,12 @@ type Request struct {
 	// ChatTemplateKwargs is vLLM's "chat_template_kwargs" object (for
 	// example {"enable_thinking": false}), nil when absent.
 	ChatTemplateKwargs json.RawMessage
+	// Documents is vLLM's "documents" array (passed to the template), nil
+	// when absent.
+	Documents json.RawMessage
+	// ReasoningEffort is "reasoning_effort" ("" when absent); vLLM passes
+	// it to the template and turns enable_thinking on unless it is "none".
+	ReasoningEffort string
 
 	// Completion. A prompt is text (Prompt) or token ids (PromptTokens,
 	// HasPromptTokens). A batch of prompts is routed by its first.
@@ -113,6 +119,8 @@ type body struct {
 	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
 	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	Documents            json.RawMessage `json:"documents"`
+	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
 }
 
 // Parse reads a request body sent to path. The kind comes from the path,
@@ -208,6 +216,15 @@ func (r *Request) parseChat(in *body) error {
 			return errors.New(`"chat_template_kwargs" is not an object`)
 		}
 		r.ChatTemplateKwargs = in.ChatTemplateKwargs
+	}
+	if present(in.Documents) {
+		if in.Documents[0] != '[' {
+			return errors.New(`"documents" is not an array`)
+		}
+		r.Documents = in.Documents
+	}
+	if !stringField(in.ReasoningEffort, &r.ReasoningEffort) {
+		return errors.New(`"reasoning_effort" is not a string`)
 	}
 	return nil
 }

@@ -81,6 +81,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// PrefixCacheBytes bounds each loaded model's cache of recent chat
+	// renderings; 0 means DefaultPrefixCacheBytes.
+	PrefixCacheBytes int64
 }
 
 // Dir is the tokenizer registry of a --tokenizer-dir. Safe for concurrent
@@ -91,6 +94,8 @@ type Dir struct {
 	retry time.Duration
 	log   *slog.Logger
 	now   func() time.Time
+	// prefixBytes is Config.PrefixCacheBytes.
+	prefixBytes int64
 
 	// group makes concurrent first requests for a model share one load.
 	group singleflight.Group
@@ -111,6 +116,14 @@ type Dir struct {
 type model struct {
 	tok  *tokenizer.Tokenizer
 	tmpl *chattemplate.Template
+	// tmplErr is why tmpl is nil (the config has no chat_template).
+	tmplErr error
+	// special is tok with the post-processor a completion prompt gets
+	// (tokenizer.json's, or the tokenizer class's own; see
+	// specialTokenizer).
+	special *tokenizer.Tokenizer
+	// prefix remembers recent chat renderings (RequestTokens).
+	prefix *prefixCache
 }
 
 type failure struct {
@@ -160,6 +173,9 @@ func New(cfg Config) (*Dir, error) {
 	if d.now == nil {
 		d.now = time.Now
 	}
+	if d.prefixBytes = cfg.PrefixCacheBytes; d.prefixBytes <= 0 {
+		d.prefixBytes = DefaultPrefixCacheBytes
+	}
 	return d, nil
 }
 
@@ -205,6 +221,10 @@ func (d *Dir) Encode(ctx context.Context, modelID, text string) ([]uint32, error
 			d.obs.TokenizeFailed(ReasonCanceled)
 		}
 		return nil, err
+	}
+	if m.tmpl == nil {
+		d.obs.TokenizeFailed(ReasonNoTemplate)
+		return nil, &Error{modelID, ReasonNoTemplate, m.tmplErr}
 	}
 	rendered, err := m.tmpl.RenderUser(text)
 	if err != nil {
@@ -308,10 +328,18 @@ func (d *Dir) read(id string) (*model, string, error) {
 		return nil, ReasonNoTemplate, fmt.Errorf("cannot read tokenizer_config.json: %w", err)
 	}
 	tmpl, err := chattemplate.Parse(cfg)
-	if err != nil {
+	var tmplErr error
+	if errors.Is(err, chattemplate.ErrNoTemplate) {
+		// Completions need no template: the model loads, chats fail.
+		tmpl, tmplErr = nil, err
+	} else if err != nil {
 		return nil, ReasonNoTemplate, err
 	}
-	return &model{tok: tok, tmpl: tmpl}, "", nil
+	special, err := specialTokenizer(tok, cfg)
+	if err != nil {
+		return nil, ReasonLoadFailed, err
+	}
+	return &model{tok: tok, tmpl: tmpl, tmplErr: tmplErr, special: special, prefix: newPrefixCache(d.prefixBytes)}, "", nil
 }
 
 // logFailure logs a failed load at ERROR, at most once a second (model ids

@@ -1,0 +1,239 @@
+package modeldir
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/inferencecache/inferencecache/picker/request"
+	"github.com/inferencecache/inferencecache/tokenizer"
+)
+
+// requestTokenizer is the shape the endpoint picker calls.
+type requestTokenizer interface {
+	RequestTokens(ctx context.Context, modelID string, r *request.Request) ([]uint32, error)
+}
+
+var _ requestTokenizer = (*Dir)(nil)
+
+// convo builds chat request bodies turn by turn.
+type convo struct {
+	model string
+	msgs  []any
+	tools any
+}
+
+func (c *convo) add(m map[string]any) { c.msgs = append(c.msgs, m) }
+
+func (c *convo) body(t testing.TB, extra map[string]any) []byte {
+	t.Helper()
+	b := map[string]any{"model": c.model, "messages": c.msgs}
+	if c.tools != nil {
+		b["tools"] = c.tools
+	}
+	for k, v := range extra {
+		b[k] = v
+	}
+	data, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func parse(t testing.TB, body []byte) *request.Request {
+	t.Helper()
+	r, err := request.Parse(request.ChatPath, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+var turnPieces = []string{"Hello", " world", "\n", "\n\n", "  ", "What is 2+2?", "<think>\nhmm\n</think>\n\n", "é", "🙂", "```go\nfunc f() {}\n```",
+	"<|eot_id|>", "<|im_end|>", "<|im_start|>", "<tool_response>", "</tool_response>", " trailing ", "\t", "x", "1234567", "'s", "Ünïcödé"}
+
+func randomTurn(r *rand.Rand) string {
+	var b strings.Builder
+	for range 1 + r.IntN(12) {
+		b.WriteString(turnPieces[r.IntN(len(turnPieces))])
+	}
+	return b.String()
+}
+
+var weatherTool = []any{map[string]any{"type": "function", "function": map[string]any{"name": "get_weather", "description": "Weather of a city",
+	"parameters": map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}, "days": map[string]any{"type": "integer", "minimum": 0.5}}}}}}
+
+// randomConversation grows a conversation and checks, at every turn, that
+// RequestTokens through the prefix cache equals a fresh Dir's full
+// tokenization (ids identical), and that later turns hit the cache.
+func checkConversation(t *testing.T, d, fresh *Dir, model string, r *rand.Rand, turns int) {
+	c := &convo{model: model}
+	if r.IntN(2) == 0 {
+		c.add(map[string]any{"role": "system", "content": randomTurn(r)})
+	}
+	if r.IntN(2) == 0 {
+		c.tools = weatherTool
+	}
+	ctx := context.Background()
+	for turn := range turns {
+		switch k := r.IntN(6); {
+		case k == 0:
+			c.add(map[string]any{"role": "user", "content": []any{map[string]any{"type": "text", "text": randomTurn(r)}, map[string]any{"type": "text", "text": randomTurn(r)}}})
+		case k == 1 && turn > 0:
+			id := fmt.Sprintf("call_%d", turn)
+			c.add(map[string]any{"role": "assistant", "content": nil, "tool_calls": []any{map[string]any{"id": id, "type": "function",
+				"function": map[string]any{"name": "get_weather", "arguments": `{"city": "Paris", "days": 2}`}}}})
+			c.add(map[string]any{"role": "tool", "tool_call_id": id, "content": randomTurn(r)})
+		default:
+			c.add(map[string]any{"role": "user", "content": randomTurn(r)})
+		}
+		extra := map[string]any{}
+		if r.IntN(4) == 0 {
+			extra["chat_template_kwargs"] = map[string]any{"enable_thinking": false}
+		}
+		req := parse(t, c.body(t, extra))
+		got, err := d.RequestTokens(ctx, model, req)
+		if err != nil {
+			t.Fatalf("turn %d: %v", turn, err)
+		}
+		want, err := fresh.RequestTokens(ctx, model, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh.models[model].prefix = newPrefixCache(1 << 30) // full every time
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s turn %d: incremental ids differ from a full tokenization\n got %v\nwant %v", model, turn, got, want)
+		}
+		reply := randomTurn(r)
+		if r.IntN(3) == 0 {
+			c.add(map[string]any{"role": "assistant", "content": reply, "reasoning_content": randomTurn(r)})
+		} else {
+			c.add(map[string]any{"role": "assistant", "content": reply})
+		}
+	}
+}
+
+func TestRequestTokensIncrementalEqualsFull(t *testing.T) {
+	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
+	models, convs, turns := []string{"llama3", "qwen3"}, 12, 12
+	if raceEnabled {
+		models, convs, turns = []string{"llama3"}, 3, 6
+	}
+	for _, model := range models {
+		t.Run(model, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(7, uint64(len(model))))
+			for range convs {
+				checkConversation(t, d, fresh, model, r, turns)
+			}
+			entries, bytes := d.models[model].prefix.stats()
+			hits := d.models[model].prefix.hits.Load()
+			t.Logf("%s: %d cache hits; cache %d entries, %d bytes", model, hits, entries, bytes)
+			if hits < int64(convs*(turns-2)) {
+				t.Errorf("%s: %d cache hits in %d conversations of %d turns", model, hits, convs, turns)
+			}
+		})
+	}
+}
+
+func TestRequestTokensCompletion(t *testing.T) {
+	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r, err := request.Parse(request.CompletionPath, []byte(`{"model": "llama2", "prompt": "hi there"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := d.RequestTokens(ctx, "llama2", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := d.models["llama2"].tok
+	body, _ := tok.Encode(ctx, nil, "hi there")
+	if want := append([]uint32{1}, body...); !slices.Equal(ids, want) {
+		t.Errorf("llama2 completion: got %v, want <s> then the text: %v", ids, want)
+	}
+	r, _ = request.Parse(request.CompletionPath, []byte(`{"model": "llama2", "prompt": [1, 2, 3]}`))
+	if ids, err := d.RequestTokens(ctx, "llama2", r); err != nil || !slices.Equal(ids, []uint32{1, 2, 3}) {
+		t.Errorf("token prompt: %v %v", ids, err)
+	}
+}
+
+func TestRequestTokensErrors(t *testing.T) {
+	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	f := func(model, body, reason string) {
+		t.Helper()
+		r, _ := request.Parse(request.ChatPath, []byte(body))
+		_, err := d.RequestTokens(ctx, model, r)
+		var e *Error
+		if !errors.As(err, &e) || e.Reason != reason {
+			t.Errorf("%s %s: got %v, want reason %s", model, body, err, reason)
+		}
+	}
+	f("../x", `{"model": "m", "messages": [{"role": "user", "content": "hi"}]}`, ReasonInvalidModel)
+	f("nope", `{"model": "m", "messages": [{"role": "user", "content": "hi"}]}`, ReasonNotFound)
+	f("llama3", `{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}`, ReasonRenderFailed)
+	f("llama3", `{"model": "m", "messages": [{"role": "user", "content": "hi"}], "continue_final_message": true}`, ReasonRenderFailed)
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	r, _ := request.Parse(request.ChatPath, []byte(`{"model": "m", "messages": [{"role": "user", "content": "hi"}]}`))
+	if _, err := d.RequestTokens(canceled, "qwen3", r); err == nil {
+		t.Error("canceled context: no error")
+	}
+}
+
+// TestRequestTokensConcurrent: many goroutines growing conversations of one
+// model share its cache; every answer equals a full tokenization.
+func TestRequestTokensConcurrent(t *testing.T) {
+	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler), PrefixCacheBytes: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 9))
+			c := &convo{model: "llama3"}
+			for turn := range 8 {
+				c.add(map[string]any{"role": "user", "content": randomTurn(r)})
+				req := parse(t, c.body(t, nil))
+				got, err := d.RequestTokens(ctx, "llama3", req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				m := d.models["llama3"]
+				text, _ := m.tmpl.RenderChat(chatOf(req))
+				want, _ := m.tok.Encode(ctx, nil, text)
+				if !slices.Equal(got, want) {
+					t.Errorf("goroutine %d turn %d: ids differ", g, turn)
+					return
+				}
+				c.add(map[string]any{"role": "assistant", "content": randomTurn(r)})
+			}
+		})
+	}
+	wg.Wait()
+	if _, bytes := d.models["llama3"].prefix.stats(); bytes > 256<<10 {
+		t.Errorf("cache holds %d bytes, bound 256 KiB", bytes)
+	}
+	_ = tokenizer.Cut{}
+}
