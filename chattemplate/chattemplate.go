@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/ardanlabs/jinja"
@@ -34,7 +35,19 @@ type Template struct {
 	additional []string
 	// format is the content format vLLM detects for the template.
 	format ContentFormat
+	// mutates: the template calls a method that modifies a list or dict.
+	mutates bool
 }
+
+// mutatingCall finds calls of the list and dict methods that modify their
+// receiver (the engine's immutable sandbox refuses them; this Jinja
+// library runs them).
+var mutatingCall = regexp.MustCompile(`\.(append|pop|insert|update|extend|remove|clear|setdefault|sort|reverse|popitem)\s*\(`)
+
+// MayModifyValues reports a template that could modify the values it is
+// given (RenderConverted callers then must not share them between
+// renders).
+func (t *Template) MayModifyValues() bool { return t.mutates }
 
 type configJSON struct {
 	ChatTemplate json.RawMessage   `json:"chat_template"`
@@ -75,6 +88,7 @@ func Parse(config []byte) (*Template, error) {
 		t.additional = []string{}
 	}
 	t.format = detectContentFormat(src)
+	t.mutates = mutatingCall.MatchString(src)
 	if t.tmpl, err = compile(rewriteFilters(src)); err != nil {
 		return nil, err
 	}

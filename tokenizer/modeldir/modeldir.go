@@ -124,6 +124,9 @@ type model struct {
 	special *tokenizer.Tokenizer
 	// prefix remembers recent chat renderings (RequestTokens).
 	prefix *prefixCache
+	// msgs keeps converted messages (RequestTokens); nil when the template
+	// could modify them.
+	msgs *msgCache
 }
 
 type failure struct {
@@ -339,7 +342,11 @@ func (d *Dir) read(id string) (*model, string, error) {
 	if err != nil {
 		return nil, ReasonLoadFailed, err
 	}
-	return &model{tok: tok, tmpl: tmpl, tmplErr: tmplErr, special: special, prefix: newPrefixCache(d.prefixBytes)}, "", nil
+	m := &model{tok: tok, tmpl: tmpl, tmplErr: tmplErr, special: special, prefix: newPrefixCache(d.prefixBytes)}
+	if tmpl != nil && !tmpl.MayModifyValues() {
+		m.msgs = newMsgCache(d.prefixBytes)
+	}
+	return m, "", nil
 }
 
 // logFailure logs a failed load at ERROR, at most once a second (model ids

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/ardanlabs/jinja"
+
 	"github.com/inferencecache/inferencecache/chattemplate"
 	"github.com/inferencecache/inferencecache/picker/request"
 	"github.com/inferencecache/inferencecache/tokenizer"
@@ -75,7 +77,16 @@ func (d *Dir) requestTokens(ctx context.Context, modelID string, r *request.Requ
 	if m.tmpl == nil {
 		return nil, ReasonNoTemplate, m.tmplErr
 	}
-	text, err := m.tmpl.RenderChat(chatOf(r))
+	chat := chatOf(r)
+	var text string
+	if m.msgs != nil {
+		var msgs []jinja.Value
+		if msgs, err = m.msgs.convert(chat.Messages, m.tmpl.ContentFormat()); err == nil {
+			text, err = m.tmpl.RenderConverted(chat, msgs)
+		}
+	} else {
+		text, err = m.tmpl.RenderChat(chat)
+	}
 	if err != nil {
 		return nil, ReasonRenderFailed, err
 	}
