@@ -59,6 +59,13 @@ type Observer interface {
 	TokenizerLoaded(ok bool)
 }
 
+// LoadFailureObserver is an Observer that also records which model failed
+// to load and why (servermetrics' tokenizer_load_failures_total); Dir
+// calls it when its Observer implements it. model is a valid model id.
+type LoadFailureObserver interface {
+	TokenizerLoadFailed(model, reason string)
+}
+
 // DefaultRetryAfter is how long a failed load is remembered.
 const DefaultRetryAfter = 30 * time.Second
 
@@ -288,6 +295,9 @@ func (d *Dir) load(id string) (*model, error) {
 	m, reason, err := d.read(id)
 	if err != nil {
 		d.obs.TokenizerLoaded(false)
+		if lf, ok := d.obs.(LoadFailureObserver); ok {
+			lf.TokenizerLoadFailed(id, reason)
+		}
 		d.logFailure("cannot load the tokenizer of a model: prompt_text lookups for it fail open to NO_HINT",
 			"model", clip(id), "reason", reason, "error", err, "retry_after", d.retry)
 		d.mu.Lock()

@@ -237,3 +237,35 @@ func TestRequestTokensConcurrent(t *testing.T) {
 	}
 	_ = tokenizer.Cut{}
 }
+
+type loadFailObserver struct {
+	countObserver
+	mu     sync.Mutex
+	failed []string
+}
+
+func (o *loadFailObserver) TokenizerLoadFailed(model, reason string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.failed = append(o.failed, model+":"+reason)
+}
+
+// TestLoadFailurePerModel: a failed load reaches the observer with the
+// model and the reason (the per-model metric), not only the log line.
+func TestLoadFailurePerModel(t *testing.T) {
+	root := t.TempDir()
+	writeModel(t, root, "org/broken", "{", tinyConfig)
+	obs := &loadFailObserver{}
+	d, err := New(Config{Root: root, Observer: obs, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	_, _ = d.Encode(ctx, "org/broken", "hi")
+	_, _ = d.Encode(ctx, "org/missing", "hi")
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if want := []string{"org/broken:load_failed", "org/missing:not_found"}; !slices.Equal(obs.failed, want) {
+		t.Errorf("load failures %v, want %v", obs.failed, want)
+	}
+}
