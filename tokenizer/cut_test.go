@@ -100,7 +100,7 @@ func TestIncrementalRandom(t *testing.T) {
 	tk := mustLoad(t, adversarialJSON(t))
 	r := rand.New(rand.NewPCG(1, 2))
 	n := 3000
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		n = 300
 	}
 	for range n {

@@ -3,7 +3,6 @@ package modeldir
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"testing"
 
 	"github.com/inferencecache/inferencecache/picker/request"
@@ -31,10 +30,7 @@ type goldenConversations struct {
 // prompts get the post-processor's special tokens as the reference adds
 // them with add_special_tokens.
 func TestGoldenConversations(t *testing.T) {
-	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := sharedDir(t)
 	models, every := []string{"llama3", "qwen3", "llama2"}, 1
 	if raceEnabled {
 		models, every = []string{"llama3"}, 8

@@ -56,10 +56,7 @@ func readGz(t testing.TB, name string, v any) {
 // reference implementation gives for one user message with the generation
 // prompt: the ids an engine computes for the same request.
 func TestGoldenPrompts(t *testing.T) {
-	d, err := New(Config{Root: assetsDir(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := sharedDir(t)
 	models, every := []string{"llama3", "qwen3", "deepseek_v3"}, 1
 	if raceEnabled {
 		// A model load takes seconds under the race detector; the full

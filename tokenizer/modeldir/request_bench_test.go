@@ -123,3 +123,36 @@ func BenchmarkRequestTokensNextTurn(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRenderNextTurn is the rendering part of
+// BenchmarkRequestTokensNextTurn alone (cached message conversion, then
+// the Jinja render of the whole conversation): the rest of that
+// benchmark's time is the incremental tokenization.
+func BenchmarkRenderNextTurn(b *testing.B) {
+	for _, model := range []string{"llama3", "qwen3"} {
+		b.Run("100k/"+model, func(b *testing.B) {
+			d := benchDir(b, 0)
+			base, n := agenticRequest(b, d, model, 100000, 1000)
+			m := d.models[model]
+			reply := json.RawMessage(`{"role": "assistant", "content": "Done: the module now validates its input first."}`)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				req := *base
+				user := json.RawMessage(fmt.Sprintf(`{"role": "user", "content": "Next, turn %d: what does module %d return for -1?"}`, i, i))
+				req.Messages = append(base.Messages[:len(base.Messages):len(base.Messages)],
+					request.Message{Role: "assistant", Raw: reply}, request.Message{Role: "user", Raw: user})
+				chat := chatOf(&req)
+				msgs, err := m.msgs.convert(chat.Messages, m.tmpl.ContentFormat())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := m.tmpl.RenderConverted(chat, msgs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n), "tokens")
+		})
+	}
+}

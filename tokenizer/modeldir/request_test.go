@@ -23,6 +23,24 @@ type requestTokenizer interface {
 
 var _ requestTokenizer = (*Dir)(nil)
 
+var (
+	sharedOnce sync.Once
+	shared     *Dir
+	sharedErr  error
+)
+
+// sharedDir is one Dir over the reference models for the tests that can
+// share loaded models (a load takes seconds under the race detector).
+func sharedDir(t testing.TB) *Dir {
+	t.Helper()
+	root := assetsDir(t)
+	sharedOnce.Do(func() { shared, sharedErr = New(Config{Root: root, Logger: slog.New(slog.DiscardHandler)}) })
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
+	}
+	return shared
+}
+
 // convo builds chat request bodies turn by turn.
 type convo struct {
 	model string
@@ -74,7 +92,7 @@ var weatherTool = []any{map[string]any{"type": "function", "function": map[strin
 // randomConversation grows a conversation and checks, at every turn, that
 // RequestTokens through the prefix cache equals a fresh Dir's full
 // tokenization (ids identical), and that later turns hit the cache.
-func checkConversation(t *testing.T, d, fresh *Dir, model string, r *rand.Rand, turns int) {
+func checkConversation(t *testing.T, d *Dir, model string, r *rand.Rand, turns int) {
 	c := &convo{model: model}
 	if r.IntN(2) == 0 {
 		c.add(map[string]any{"role": "system", "content": randomTurn(r)})
@@ -104,11 +122,15 @@ func checkConversation(t *testing.T, d, fresh *Dir, model string, r *rand.Rand, 
 		if err != nil {
 			t.Fatalf("turn %d: %v", turn, err)
 		}
-		want, err := fresh.RequestTokens(ctx, model, req)
+		m := d.models[model]
+		text, err := m.tmpl.RenderChat(chatOf(req))
 		if err != nil {
 			t.Fatal(err)
 		}
-		fresh.models[model].prefix = newPrefixCache(1 << 30) // full every time
+		want, err := m.tok.Encode(ctx, nil, text) // a full tokenization
+		if err != nil {
+			t.Fatal(err)
+		}
 		if !slices.Equal(got, want) {
 			t.Fatalf("%s turn %d: incremental ids differ from a full tokenization\n got %v\nwant %v", model, turn, got, want)
 		}
@@ -122,23 +144,23 @@ func checkConversation(t *testing.T, d, fresh *Dir, model string, r *rand.Rand, 
 }
 
 func TestRequestTokensIncrementalEqualsFull(t *testing.T) {
-	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fresh, _ := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
+	d := sharedDir(t)
 	models, convs, turns := []string{"llama3", "qwen3"}, 12, 12
 	if raceEnabled {
 		models, convs, turns = []string{"llama3"}, 3, 6
 	}
+	hits0 := map[string]int64{}
 	for _, model := range models {
+		if m := d.models[model]; m != nil {
+			hits0[model] = m.prefix.hits.Load()
+		}
 		t.Run(model, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(7, uint64(len(model))))
 			for range convs {
-				checkConversation(t, d, fresh, model, r, turns)
+				checkConversation(t, d, model, r, turns)
 			}
 			entries, bytes := d.models[model].prefix.stats()
-			hits := d.models[model].prefix.hits.Load()
+			hits := d.models[model].prefix.hits.Load() - hits0[model]
 			t.Logf("%s: %d cache hits; cache %d entries, %d bytes", model, hits, entries, bytes)
 			if hits < int64(convs*(turns-2)) {
 				t.Errorf("%s: %d cache hits in %d conversations of %d turns", model, hits, convs, turns)
@@ -148,10 +170,7 @@ func TestRequestTokensIncrementalEqualsFull(t *testing.T) {
 }
 
 func TestRequestTokensCompletion(t *testing.T) {
-	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := sharedDir(t)
 	ctx := context.Background()
 	r, err := request.Parse(request.CompletionPath, []byte(`{"model": "llama2", "prompt": "hi there"}`))
 	if err != nil {
@@ -173,10 +192,7 @@ func TestRequestTokensCompletion(t *testing.T) {
 }
 
 func TestRequestTokensErrors(t *testing.T) {
-	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := sharedDir(t)
 	ctx := context.Background()
 	f := func(model, body, reason string) {
 		t.Helper()
@@ -194,7 +210,7 @@ func TestRequestTokensErrors(t *testing.T) {
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
 	r, _ := request.Parse(request.ChatPath, []byte(`{"model": "m", "messages": [{"role": "user", "content": "hi"}]}`))
-	if _, err := d.RequestTokens(canceled, "qwen3", r); err == nil {
+	if _, err := d.RequestTokens(canceled, "llama3", r); err == nil {
 		t.Error("canceled context: no error")
 	}
 }
@@ -205,6 +221,18 @@ func TestRequestTokensConcurrent(t *testing.T) {
 	d, err := New(Config{Root: assetsDir(t), Logger: slog.New(slog.DiscardHandler), PrefixCacheBytes: 256 << 10})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if raceEnabled {
+		// Share the loaded model; the small cache is what is tested.
+		sh := sharedDir(t)
+		if _, err := sh.Encode(context.Background(), "llama3", "x"); err != nil {
+			t.Fatal(err)
+		}
+		sh.mu.RLock()
+		m := *sh.models["llama3"]
+		sh.mu.RUnlock()
+		m.prefix, m.msgs = newPrefixCache(256<<10), newMsgCache(256<<10)
+		d.models["llama3"] = &m
 	}
 	ctx := context.Background()
 	var wg sync.WaitGroup
