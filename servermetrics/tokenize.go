@@ -24,7 +24,6 @@ const (
 // past it are counted as OtherModel.
 const MaxLoadFailureModels = 64
 
-
 // TokenizeBuckets are the buckets of tokenize_latency_seconds: 50 µs for a
 // short prompt to 2.5 s for 1 MiB or a first load.
 var TokenizeBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
