@@ -214,16 +214,35 @@ func (t *Template) RenderConverted(c *Chat, msgs []jinja.Value) (out string, err
 	if c.AddGenerationPrompt && c.ContinueFinalMessage {
 		return "", fmt.Errorf("%w: add_generation_prompt and continue_final_message cannot both be true", ErrInvalidChat)
 	}
+	data, err := t.chatData(c)
+	if err != nil {
+		return "", err
+	}
+	var native bool
+	if out, native = t.renderNative(msgs, data); !native {
+		data["messages"] = jinja.NewList(msgs)
+		if out, err = t.tmpl.RenderValues(data); err != nil {
+			return "", fmt.Errorf("cannot render chat_template: %w", err)
+		}
+	}
+	if c.ContinueFinalMessage {
+		return continueFinal(out, msgs[len(msgs)-1])
+	}
+	return out, nil
+}
+
+// chatData is what a chat render sees besides messages.
+func (t *Template) chatData(c *Chat) (map[string]jinja.Value, error) {
 	data := t.baseData(c.Now)
 	if len(c.Kwargs) > 0 && string(c.Kwargs) != "null" {
 		kw, err := decodeJSON(c.Kwargs)
 		if err != nil || !kw.IsDict() {
-			return "", fmt.Errorf("%w: chat_template_kwargs is not a JSON object", ErrInvalidChat)
+			return nil, fmt.Errorf("%w: chat_template_kwargs is not a JSON object", ErrInvalidChat)
 		}
 		d := kw.AsDict()
 		for _, k := range d.OrderedKeys() {
 			if refusedKwargs[k] {
-				return "", fmt.Errorf("%w: chat_template_kwargs has %q", ErrInvalidChat, k)
+				return nil, fmt.Errorf("%w: chat_template_kwargs has %q", ErrInvalidChat, k)
 			}
 			data[k], _ = d.Get(k)
 		}
@@ -241,7 +260,7 @@ func (t *Template) RenderConverted(c *Chat, msgs []jinja.Value) (out string, err
 	if len(c.Tools) > 0 && string(c.Tools) != "null" {
 		tools, err := convertTools(c.Tools)
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		data["tools"] = tools
 	}
@@ -249,19 +268,11 @@ func (t *Template) RenderConverted(c *Chat, msgs []jinja.Value) (out string, err
 	if len(c.Documents) > 0 && string(c.Documents) != "null" {
 		docs, err := decodeJSON(c.Documents)
 		if err != nil {
-			return "", fmt.Errorf("%w: documents: %v", ErrInvalidChat, err)
+			return nil, fmt.Errorf("%w: documents: %v", ErrInvalidChat, err)
 		}
 		data["documents"] = docs
 	}
-	data["messages"] = jinja.NewList(msgs)
-	out, err = t.tmpl.RenderValues(data)
-	if err != nil {
-		return "", fmt.Errorf("cannot render chat_template: %w", err)
-	}
-	if c.ContinueFinalMessage {
-		return continueFinal(out, msgs[len(msgs)-1])
-	}
-	return out, nil
+	return data, nil
 }
 
 // baseData is what every render sees: the special tokens and our versions

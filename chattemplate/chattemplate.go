@@ -37,7 +37,29 @@ type Template struct {
 	format ContentFormat
 	// mutates: the template calls a method that modifies a list or dict.
 	mutates bool
+	// native is the Go transcription of the template, nil for most.
+	native *nativeRenderer
+	// forceJinja makes every render interpreted (tests).
+	forceJinja bool
+	// idents are the identifiers in the template's tags.
+	idents map[string]bool
 }
+
+var identRe = regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`)
+
+// tagIdents collects the identifiers inside the template's tags (a
+// superset of the variables it reads: string literals are included).
+func tagIdents(src string) map[string]bool {
+	ids := map[string]bool{}
+	for _, tag := range stmtOrExprRe.FindAllString(src, -1) {
+		for _, id := range identRe.FindAllString(tag, -1) {
+			ids[id] = true
+		}
+	}
+	return ids
+}
+
+var stmtOrExprRe = regexp.MustCompile(`\{\{[\s\S]*?\}\}|\{%[\s\S]*?%\}`)
 
 // mutatingCall finds calls of the list and dict methods that modify their
 // receiver (the engine's immutable sandbox refuses them; this Jinja
@@ -89,6 +111,8 @@ func Parse(config []byte) (*Template, error) {
 	}
 	t.format = detectContentFormat(src)
 	t.mutates = mutatingCall.MatchString(src)
+	t.native = nativeFor(src)
+	t.idents = tagIdents(src)
 	if t.tmpl, err = compile(rewriteFilters(src)); err != nil {
 		return nil, err
 	}
