@@ -88,14 +88,14 @@ func anchors(cuts []tokenizer.Cut) []int {
 }
 
 // lookup finds the longest remembered prefix of text ending at one of
-// cuts (the offsets of text's own cuts, from the added-token scan). It
+// cuts (the offsets of text's own cuts, from the added-token scan; hashes
+// are prefixHashes of them). It
 // returns the entry and the index of the cut in its cuts, or ok false.
 // The entry's text, ids and cuts are read-only.
-func (c *prefixCache) lookup(text string, cuts []int) (at int, prev *cacheEntry, ok bool) {
+func (c *prefixCache) lookup(text string, cuts []int, hashes []uint64) (at int, prev *cacheEntry, ok bool) {
 	if len(cuts) == 0 {
 		return 0, nil, false
 	}
-	hashes := c.prefixHashes(text, cuts, make([]uint64, 0, len(cuts)))
 	for i := len(hashes) - 1; i >= 0; i-- {
 		c.mu.Lock()
 		e := c.index[hashes[i]]
@@ -147,15 +147,12 @@ func commonPrefix(a, b string) int {
 // insert remembers text with its ids and cuts (owned by the cache from
 // now on). prev, if not nil, is the entry the text was tokenized from; it
 // is dropped when text extends it past its last cut.
-func (c *prefixCache) insert(text string, ids []uint32, cuts []tokenizer.Cut, prev *cacheEntry, extendsPrev bool) {
-	if len(cuts) == 0 {
+//
+// all are the prefix hashes at every cut (the ones lookup used).
+func (c *prefixCache) insert(text string, ids []uint32, cuts []tokenizer.Cut, all []uint64, prev *cacheEntry, extendsPrev bool) {
+	if len(cuts) == 0 || len(all) != len(cuts) {
 		return
 	}
-	offs := make([]int, len(cuts))
-	for i, cut := range cuts {
-		offs[i] = cut.Offset
-	}
-	all := c.prefixHashes(text, offs, make([]uint64, 0, len(cuts)))
 	e := &cacheEntry{text: text, ids: ids, cuts: cuts}
 	for _, i := range anchors(cuts) {
 		e.keys = append(e.keys, all[i])

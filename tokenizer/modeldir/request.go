@@ -104,7 +104,8 @@ func (d *Dir) requestTokens(ctx context.Context, modelID string, r *request.Requ
 // cache.
 func (m *model) encodeRendered(ctx context.Context, text string) ([]uint32, error) {
 	offs := m.tok.CutOffsets(nil, text)
-	at, prev, ok := m.prefix.lookup(text, offs)
+	hashes := m.prefix.prefixHashes(text, offs, make([]uint64, 0, len(offs)))
+	at, prev, ok := m.prefix.lookup(text, offs, hashes)
 	var ids []uint32
 	var cuts []tokenizer.Cut
 	var err error
@@ -122,7 +123,12 @@ func (m *model) encodeRendered(ctx context.Context, text string) ([]uint32, erro
 	if err != nil {
 		return nil, err
 	}
-	m.prefix.insert(text, ids, cuts, prev, extends)
+	if len(cuts) != len(offs) {
+		// Cannot happen (EncodeFrom reports the cuts CutOffsets finds);
+		// a mismatch only skips the insert.
+		hashes = nil
+	}
+	m.prefix.insert(text, ids, cuts, hashes, prev, extends)
 	return slices.Clone(ids), nil
 }
 

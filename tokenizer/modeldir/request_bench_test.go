@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/inferencecache/inferencecache/picker/request"
 )
@@ -78,12 +80,18 @@ func BenchmarkRequestTokensFull(b *testing.B) {
 				req, n := agenticRequest(b, d, model, c.tokens, c.turns)
 				ctx := context.Background()
 				b.ReportAllocs()
+				lat := make([]time.Duration, 0, 1024)
+				cpu0 := processCPU()
 				for b.Loop() {
+					start := time.Now()
 					if _, err := d.RequestTokens(ctx, model, req); err != nil {
 						b.Fatal(err)
 					}
+					lat = append(lat, time.Since(start))
 				}
 				b.ReportMetric(float64(n), "tokens")
+				reportLatency(b, lat)
+				reportCPU(b, cpu0, len(lat))
 			})
 		}
 	}
@@ -105,8 +113,11 @@ func BenchmarkRequestTokensNextTurn(b *testing.B) {
 			hits := d.models[model].prefix.hits.Load()
 			b.ReportAllocs()
 			i := 0
+			lat := make([]time.Duration, 0, 1024)
+			cpu0 := processCPU()
 			for b.Loop() {
 				i++
+				start := time.Now()
 				req := *base
 				user := json.RawMessage(fmt.Sprintf(`{"role": "user", "content": "Next, turn %d: what does module %d return for -1?"}`, i, i))
 				req.Messages = append(base.Messages[:len(base.Messages):len(base.Messages)],
@@ -114,9 +125,12 @@ func BenchmarkRequestTokensNextTurn(b *testing.B) {
 				if _, err := d.RequestTokens(ctx, model, &req); err != nil {
 					b.Fatal(err)
 				}
+				lat = append(lat, time.Since(start))
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(n), "tokens")
+			reportLatency(b, lat)
+			reportCPU(b, cpu0, i)
 			if got := d.models[model].prefix.hits.Load() - hits; got < int64(i) {
 				b.Fatalf("%d cache hits in %d turns", got, i)
 			}
@@ -137,8 +151,10 @@ func BenchmarkRenderNextTurn(b *testing.B) {
 			reply := json.RawMessage(`{"role": "assistant", "content": "Done: the module now validates its input first."}`)
 			b.ReportAllocs()
 			i := 0
+			lat := make([]time.Duration, 0, 1024)
 			for b.Loop() {
 				i++
+				start := time.Now()
 				req := *base
 				user := json.RawMessage(fmt.Sprintf(`{"role": "user", "content": "Next, turn %d: what does module %d return for -1?"}`, i, i))
 				req.Messages = append(base.Messages[:len(base.Messages):len(base.Messages)],
@@ -151,8 +167,29 @@ func BenchmarkRenderNextTurn(b *testing.B) {
 				if _, err := m.tmpl.RenderConverted(chat, msgs); err != nil {
 					b.Fatal(err)
 				}
+				lat = append(lat, time.Since(start))
 			}
 			b.ReportMetric(float64(n), "tokens")
+			reportLatency(b, lat)
 		})
+	}
+}
+
+// reportLatency adds the median and the fastest iteration: on a shared
+// machine the fastest is the closest to the uncontended cost.
+func reportLatency(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[0].Microseconds()), "min-µs")
+}
+
+// reportCPU adds the process CPU time (user and system, GC included) per
+// iteration since cpu0: what the work costs whatever the machine's load.
+func reportCPU(b *testing.B, cpu0 time.Duration, n int) {
+	if n > 0 && cpu0 > 0 {
+		b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(n), "cpu-µs/op")
 	}
 }
