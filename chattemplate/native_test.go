@@ -134,6 +134,10 @@ func FuzzNativeMatchesJinja(f *testing.F) {
 		b, _ := json.Marshal(map[string]any{"messages": c.Messages, "tools": c.Tools, "kwargs": c.Kwargs, "agp": c.AddGenerationPrompt})
 		f.Add(b)
 	}
+	tmpls := map[string]*Template{}
+	for _, model := range []string{"llama3", "qwen3"} {
+		tmpls[model] = load(f, model)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var in struct {
 			Messages []json.RawMessage `json:"messages"`
@@ -145,8 +149,7 @@ func FuzzNativeMatchesJinja(f *testing.F) {
 			return
 		}
 		c := &Chat{Messages: in.Messages, Tools: in.Tools, Kwargs: in.Kwargs, AddGenerationPrompt: in.AGP}
-		for _, model := range []string{"llama3", "qwen3"} {
-			tmpl := load(&testing.T{}, model)
+		for model, tmpl := range tmpls {
 			jinjaOnly := *tmpl
 			jinjaOnly.forceJinja = true
 			want, wantErr := jinjaOnly.RenderChat(c)

@@ -40,7 +40,7 @@ func agentic(n int) *Chat {
 func BenchmarkRenderChat(b *testing.B) {
 	for _, model := range []string{"llama3", "qwen3"} {
 		b.Run(model, func(b *testing.B) {
-			tmpl := load(&testing.T{}, model)
+			tmpl := load(b, model)
 			c := agentic(400 << 10)
 			b.ReportAllocs()
 			for b.Loop() {
@@ -55,7 +55,7 @@ func BenchmarkRenderChat(b *testing.B) {
 func BenchmarkRenderConverted(b *testing.B) {
 	for _, model := range []string{"llama3", "qwen3"} {
 		b.Run(model, func(b *testing.B) {
-			tmpl := load(&testing.T{}, model)
+			tmpl := load(b, model)
 			c := agentic(400 << 10)
 			msgs := make([]jinja.Value, len(c.Messages))
 			for i, m := range c.Messages {
