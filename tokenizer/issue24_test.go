@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -141,5 +140,4 @@ func TestEncodeNearMatchesExact(t *testing.T) {
 	if got[0] != 256+12 || got[1] != 256+1 || len(got) < 4 {
 		t.Fatalf("got %v", got)
 	}
-	_ = context.Background
 }

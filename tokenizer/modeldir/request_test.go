@@ -13,7 +13,6 @@ import (
 	"testing"
 
 	"github.com/inferencecache/inferencecache/picker/request"
-	"github.com/inferencecache/inferencecache/tokenizer"
 )
 
 // requestTokenizer is the shape the endpoint picker calls.
@@ -263,7 +262,6 @@ func TestRequestTokensConcurrent(t *testing.T) {
 	if _, bytes := d.models["llama3"].prefix.stats(); bytes > 256<<10 {
 		t.Errorf("cache holds %d bytes, bound 256 KiB", bytes)
 	}
-	_ = tokenizer.Cut{}
 }
 
 type loadFailObserver struct {
