@@ -86,14 +86,25 @@ type configJSON struct {
 // Parse reads a tokenizer_config.json and compiles its chat_template (a
 // string, or a list of named templates of which "default" is used).
 func Parse(config []byte) (*Template, error) {
+	return ParseWithSource(config, "")
+}
+
+// ParseWithSource is Parse with the template given apart from the config
+// (a model's chat_template.jinja file, which transformers prefers to the
+// config's chat_template); "" means the config's.
+func ParseWithSource(config []byte, source string) (*Template, error) {
 	var c configJSON
 	if err := json.Unmarshal(config, &c); err != nil {
 		return nil, fmt.Errorf("cannot parse tokenizer_config.json: %w", err)
 	}
-	src, err := templateSource(c.ChatTemplate)
-	if err != nil {
-		return nil, err
+	src := source
+	if src == "" {
+		var err error
+		if src, err = templateSource(c.ChatTemplate); err != nil {
+			return nil, err
+		}
 	}
+	var err error
 	t := &Template{vars: map[string]string{}}
 	for name, raw := range map[string]json.RawMessage{"bos_token": c.BOS, "eos_token": c.EOS, "unk_token": c.UNK, "pad_token": c.PAD,
 		"sep_token": c.SEP, "cls_token": c.CLS, "mask_token": c.MASK} {

@@ -340,7 +340,15 @@ func (d *Dir) read(id string) (*model, string, error) {
 	if err != nil {
 		return nil, ReasonNoTemplate, fmt.Errorf("cannot read tokenizer_config.json: %w", err)
 	}
-	tmpl, err := chattemplate.Parse(cfg)
+	// A chat_template.jinja file, where the model has one, is the
+	// template transformers uses.
+	var src []byte
+	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil && len(b) > 0 {
+		src = b
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, ReasonNoTemplate, fmt.Errorf("cannot read chat_template.jinja: %w", err)
+	}
+	tmpl, err := chattemplate.ParseWithSource(cfg, string(src))
 	var tmplErr error
 	if errors.Is(err, chattemplate.ErrNoTemplate) {
 		// Completions need no template: the model loads, chats fail.

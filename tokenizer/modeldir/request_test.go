@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -293,5 +295,30 @@ func TestLoadFailurePerModel(t *testing.T) {
 	defer obs.mu.Unlock()
 	if want := []string{"org/broken:load_failed", "org/missing:not_found"}; !slices.Equal(obs.failed, want) {
 		t.Errorf("load failures %v, want %v", obs.failed, want)
+	}
+}
+
+// TestChatTemplateJinjaFile: a model's chat_template.jinja is its template
+// (transformers prefers it to tokenizer_config.json's), and a config
+// without chat_template still loads with it.
+func TestChatTemplateJinjaFile(t *testing.T) {
+	root := t.TempDir()
+	writeModel(t, root, "org/jinja", string(tinyTokenizer()), `{"bos_token": "<s>"}`)
+	if err := os.WriteFile(filepath.Join(root, "org", "jinja", "chat_template.jinja"), []byte(`{{ bos_token }}{% for m in messages %}U:{{ m.content }}{% endfor %}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Root: root, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := parse(t, []byte(`{"model": "org/jinja", "messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "a"}]}`))
+	ids, err := d.RequestTokens(context.Background(), "org/jinja", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := d.models["org/jinja"].tok
+	want, _ := tok.Encode(context.Background(), nil, "<s>U:hiU:a")
+	if !slices.Equal(ids, want) {
+		t.Errorf("got %v, want %v", ids, want)
 	}
 }
