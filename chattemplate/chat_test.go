@@ -229,3 +229,25 @@ func FuzzDecodeJSON(f *testing.F) {
 		}
 	})
 }
+
+// TestTemplateNewlines: the template source is read as Jinja2 reads it
+// with keep_trailing_newline off: its lines split as Python's
+// str.splitlines splits them and joined with "\n", so one trailing newline
+// goes and "\r\n" (and the other line boundaries) become "\n". Fails
+// before: the library kept "a\n" as "a\n" (chat_template.jinja files end
+// with a newline).
+func TestTemplateNewlines(t *testing.T) {
+	for src, want := range map[string]string{
+		"a\n":                         "a",
+		"a\n\n":                       "a\n",
+		"{{ 'q' }}\n":                 "q",
+		"a\r\nb\rc\u2028d\n":          "a\nb\nc\nd",
+		"{{ 'x\r\ny' }}":              "x\ny",
+		"{% if true %}x{% endif %}\n": "x",
+	} {
+		got, err := mustParse(t, src).RenderChat(&Chat{Messages: msgs(`{"role": "user", "content": "hi"}`)})
+		if err != nil || got != want {
+			t.Errorf("%q: got %q %v, want %q", src, got, err, want)
+		}
+	}
+}

@@ -104,6 +104,10 @@ func ParseWithSource(config []byte, source string) (*Template, error) {
 			return nil, err
 		}
 	}
+	// Compiled, scanned and matched to a native renderer as Jinja2 reads
+	// it (a chat_template.jinja's final newline does not count).
+	src = jinjaSource(src)
+	native := nativeFor(src)
 	var err error
 	t := &Template{vars: map[string]string{}}
 	for name, raw := range map[string]json.RawMessage{"bos_token": c.BOS, "eos_token": c.EOS, "unk_token": c.UNK, "pad_token": c.PAD,
@@ -122,7 +126,7 @@ func ParseWithSource(config []byte, source string) (*Template, error) {
 	}
 	t.format = detectContentFormat(src)
 	t.mutates = mutatingCall.MatchString(src)
-	t.native = nativeFor(src)
+	t.native = native
 	t.idents = tagIdents(src)
 	if t.tmpl, err = compile(rewriteFilters(src)); err != nil {
 		return nil, err

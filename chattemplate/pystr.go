@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -204,3 +205,34 @@ func rewriteFilters(src string) string {
 
 // filterPrefix names our versions of library filters.
 const filterPrefix = "__ic_"
+
+// jinjaSource is the template source as Jinja2's lexer sees it with
+// keep_trailing_newline off (transformers' environment):
+// "\n".join(source.splitlines()), Python's line boundaries (\n, \r, \r\n,
+// \v, \f, U+001C..U+001E, U+0085, U+2028, U+2029) all becoming "\n" and a
+// final one dropped.
+func jinjaSource(src string) string {
+	var b strings.Builder
+	b.Grow(len(src))
+	for i := 0; i < len(src); {
+		r, n := rune(src[i]), 1
+		if r >= 0x80 {
+			r, n = utf8.DecodeRuneInString(src[i:])
+		}
+		switch r {
+		case '\r':
+			if i+1 < len(src) && src[i+1] == '\n' {
+				n = 2
+			}
+			fallthrough
+		case '\n', '\v', '\f', 0x1c, 0x1d, 0x1e, 0x85, 0x2028, 0x2029:
+			if i+n < len(src) {
+				b.WriteByte('\n')
+			}
+		default:
+			b.WriteString(src[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
