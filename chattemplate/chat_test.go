@@ -251,3 +251,21 @@ func TestTemplateNewlines(t *testing.T) {
 		}
 	}
 }
+
+// TestStringLiteralEscapes: string literals in the template mean what
+// Python's unicode-escape makes of them. Fails before: the library kept
+// \x, \u and \r escapes as written.
+func TestStringLiteralEscapes(t *testing.T) {
+	for src, want := range map[string]string{
+		`{{ 'a\x41\u00e9\U0001F642' }}`: "aAé🙂",
+		`{{ "r\r|b\b|0\101|q\x27" }}`:   "r\r|b\b|0A|q'",
+		`{{ 'n\n t\t s\\ q\' z\q' }}`:   "n\n t\t s\\ q' z\\q",
+		`{{ "\x22" }}`:                  `"`,
+		`x\u00e9{{ 'y' }}`:              `x\u00e9y`, // outside tags: text
+	} {
+		got, err := mustParse(t, src).RenderChat(&Chat{Messages: msgs(`{"role": "user", "content": "hi"}`)})
+		if err != nil || got != want {
+			t.Errorf("%s: got %q %v, want %q", src, got, err, want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package chattemplate
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -172,7 +173,7 @@ func rewriteFilters(src string) string {
 					k++
 				}
 				k = min(k+1, len(src))
-				b.WriteString(src[j:k])
+				b.WriteString(pyLiteral(src[j:k]))
 				j = k
 				continue
 			}
@@ -233,6 +234,85 @@ func jinjaSource(src string) string {
 			b.WriteString(src[i : i+n])
 		}
 		i += n
+	}
+	return b.String()
+}
+
+// pyLiteral rewrites a quoted Jinja string literal so that the library
+// reads it as Jinja2 does (Python's unicode-escape): the escapes the
+// library lacks (\r, \b, \f, \v, \a, \xHH, \uHHHH, \UHHHHHHHH, octal) are
+// written out as the characters they stand for; \n, \t, \\, \' and \" and
+// unknown escapes are left to the library, which reads them alike.
+func pyLiteral(lit string) string {
+	if !strings.Contains(lit, `\`) || len(lit) < 2 {
+		return lit
+	}
+	quote := lit[0]
+	var b strings.Builder
+	b.Grow(len(lit))
+	for i := 0; i < len(lit); i++ {
+		c := lit[i]
+		if c != '\\' || i+1 >= len(lit)-1 {
+			b.WriteByte(c)
+			continue
+		}
+		e := lit[i+1]
+		emit := func(r rune, n int) {
+			switch {
+			case r == rune(quote) || r == '\\':
+				b.WriteByte('\\')
+				b.WriteRune(r)
+			case r == '\n':
+				b.WriteString(`\n`)
+			case r == '\t':
+				b.WriteString(`\t`)
+			default:
+				b.WriteRune(r)
+			}
+			i += n
+		}
+		hex := func(n int) (rune, bool) {
+			if i+2+n > len(lit)-1 {
+				return 0, false
+			}
+			v, err := strconv.ParseUint(lit[i+2:i+2+n], 16, 32)
+			if err != nil || v > utf8.MaxRune {
+				return 0, false
+			}
+			return rune(v), true
+		}
+		switch e {
+		case 'r':
+			emit('\r', 1)
+		case 'b':
+			emit('\b', 1)
+		case 'f':
+			emit('\f', 1)
+		case 'v':
+			emit('\v', 1)
+		case 'a':
+			emit('\a', 1)
+		case 'x', 'u', 'U':
+			n := map[byte]int{'x': 2, 'u': 4, 'U': 8}[e]
+			if r, ok := hex(n); ok {
+				emit(r, 1+n)
+			} else {
+				b.WriteByte(c)
+			}
+		case '0', '1', '2', '3', '4', '5', '6', '7':
+			j := i + 1
+			for j < len(lit)-1 && j < i+4 && lit[j] >= '0' && lit[j] <= '7' {
+				j++
+			}
+			v, _ := strconv.ParseUint(lit[i+1:j], 8, 32)
+			emit(rune(v), j-i-1)
+		default:
+			// \n \t \\ \' \" and unknown escapes: the library's
+			// reading is Python's.
+			b.WriteByte(c)
+			b.WriteByte(e)
+			i++
+		}
 	}
 	return b.String()
 }
