@@ -149,3 +149,9 @@ func (t *Tokenizer) WithSpecialTokens(bos string, addBOS bool, eos string, addEO
 	}
 	return &c, nil
 }
+
+// SpecialTokens returns the ids EncodeSpecial puts before and after the
+// text (shared: read only), or the post-processor's ErrUnsupported error.
+func (t *Tokenizer) SpecialTokens() (prefix, suffix []uint32, err error) {
+	return t.post.prefix, t.post.suffix, t.post.err
+}

@@ -64,6 +64,12 @@ type Request struct {
 	// it to the template and turns enable_thinking on unless it is "none".
 	ReasoningEffort string
 
+	// AddSpecialTokens is vLLM's "add_special_tokens": whether the
+	// tokenizer's post-processor adds its special tokens (a BOS) to the
+	// prompt. vLLM's defaults: false for chat (the template writes them),
+	// true for completion.
+	AddSpecialTokens bool
+
 	// Completion. A prompt is text (Prompt) or token ids (PromptTokens,
 	// HasPromptTokens). A batch of prompts is routed by its first.
 	Prompt          string
@@ -121,6 +127,7 @@ type body struct {
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
 	Documents            json.RawMessage `json:"documents"`
 	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
+	AddSpecialTokens     json.RawMessage `json:"add_special_tokens"`
 }
 
 // Parse reads a request body sent to path. The kind comes from the path,
@@ -165,6 +172,10 @@ func Parse(path string, b []byte) (*Request, error) {
 		if json.Unmarshal(in.StreamOptions, &so) != nil || !boolField(so.IncludeUsage, &r.IncludeUsage) {
 			errs = append(errs, `"stream_options" is not an object with a boolean include_usage`)
 		}
+	}
+	r.AddSpecialTokens = r.Kind == KindCompletion
+	if !boolField(in.AddSpecialTokens, &r.AddSpecialTokens) {
+		errs = append(errs, `"add_special_tokens" is not a boolean`)
 	}
 	switch r.Kind {
 	case KindChat:

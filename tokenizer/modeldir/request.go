@@ -25,7 +25,8 @@ const DefaultPrefixCacheBytes = 64 << 20
 // special tokens the rendering writes matched as specials and nothing
 // added (the template writes the BOS); for a completion, a text prompt
 // tokenized with add_special_tokens=True (the post-processor's tokens, as
-// vLLM's /v1/completions does) or a token-id prompt as is. The next turn
+// vLLM's /v1/completions does) or a token-id prompt as is. A request's
+// "add_special_tokens" overrides either default. The next turn
 // of a recently seen conversation tokenizes only what follows the last
 // cut its rendering shares with the earlier one, with the same ids as a
 // full tokenization. Failures are *Error with a Reason. The returned
@@ -65,7 +66,14 @@ func (d *Dir) requestTokens(ctx context.Context, modelID string, r *request.Requ
 		if r.HasPromptTokens {
 			return slices.Clone(r.PromptTokens), "", nil
 		}
-		ids, err := m.special.EncodeSpecial(ctx, make([]uint32, 0, len(r.Prompt)/3+4), r.Prompt)
+		dst := make([]uint32, 0, len(r.Prompt)/3+4)
+		var err error
+		if r.AddSpecialTokens {
+			dst, err = m.special.EncodeSpecial(ctx, dst, r.Prompt)
+		} else {
+			dst, err = m.tok.Encode(ctx, dst, r.Prompt)
+		}
+		ids := dst
 		if err != nil {
 			return nil, ReasonEncodeFailed, err
 		}
@@ -96,6 +104,17 @@ func (d *Dir) requestTokens(ctx context.Context, modelID string, r *request.Requ
 	ids, err := m.encodeRendered(ctx, text)
 	if err != nil {
 		return nil, ReasonEncodeFailed, err
+	}
+	if r.AddSpecialTokens {
+		// The post-processor's tokens around the rendering, as the
+		// engine adds them when the request asks.
+		prefix, suffix, err := m.special.SpecialTokens()
+		if err != nil {
+			return nil, ReasonEncodeFailed, err
+		}
+		if len(prefix)+len(suffix) > 0 {
+			ids = append(append(append(make([]uint32, 0, len(prefix)+len(ids)+len(suffix)), prefix...), ids...), suffix...)
+		}
 	}
 	return ids, "", nil
 }

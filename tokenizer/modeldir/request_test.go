@@ -322,3 +322,37 @@ func TestChatTemplateJinjaFile(t *testing.T) {
 		t.Errorf("got %v, want %v", ids, want)
 	}
 }
+
+func TestRequestTokensAddSpecialTokens(t *testing.T) {
+	d := sharedDir(t)
+	ctx := context.Background()
+	// A completion that asks for no special tokens:
+	r, err := request.Parse(request.CompletionPath, []byte(`{"model": "llama2", "prompt": "hi there", "add_special_tokens": false}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := d.RequestTokens(ctx, "llama2", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := d.models["llama2"].tok.Encode(ctx, nil, "hi there")
+	if !slices.Equal(ids, want) {
+		t.Errorf("completion without special tokens: %v, want %v", ids, want)
+	}
+	// A chat asking for them gets the post-processor's around the
+	// rendering (DeepSeek V3: LlamaTokenizerFast, add_bos_token).
+	r = parse(t, []byte(`{"model": "deepseek_v3", "messages": [{"role": "user", "content": "hi"}], "add_special_tokens": true}`))
+	with, err := d.RequestTokens(ctx, "deepseek_v3", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = parse(t, []byte(`{"model": "deepseek_v3", "messages": [{"role": "user", "content": "hi"}]}`))
+	without, err := d.RequestTokens(ctx, "deepseek_v3", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bos, _ := d.models["deepseek_v3"].tok.Token("<｜begin▁of▁sentence｜>")
+	if len(with) != len(without)+1 || with[0] != bos || !slices.Equal(with[1:], without) {
+		t.Errorf("chat with add_special_tokens: %v, without: %v", with, without)
+	}
+}
