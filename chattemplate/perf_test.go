@@ -52,10 +52,19 @@ func BenchmarkRenderChat(b *testing.B) {
 	}
 }
 
+// BenchmarkRenderConverted: the render of a 400 KiB conversation whose
+// messages are converted already, through the native renderer and through
+// the Jinja interpreter.
 func BenchmarkRenderConverted(b *testing.B) {
-	for _, model := range []string{"llama3", "qwen3"} {
-		b.Run(model, func(b *testing.B) {
+	for _, name := range []string{"llama3/native", "llama3/jinja", "qwen3/native", "qwen3/jinja"} {
+		b.Run(name, func(b *testing.B) {
+			model, engine, _ := strings.Cut(name, "/")
 			tmpl := load(b, model)
+			if engine == "jinja" {
+				j := *tmpl
+				j.forceJinja = true
+				tmpl = &j
+			}
 			c := agentic(400 << 10)
 			msgs := make([]jinja.Value, len(c.Messages))
 			for i, m := range c.Messages {
