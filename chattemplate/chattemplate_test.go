@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-func assetsDir(t *testing.T) string {
+func assetsDir(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("TOKENIZER_ASSETS")
 	if dir == "" {
@@ -24,7 +24,7 @@ func assetsDir(t *testing.T) string {
 	return dir
 }
 
-func load(t *testing.T, model string) *Template {
+func load(t testing.TB, model string) *Template {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(assetsDir(t), model, "tokenizer_config.json"))
 	if err != nil {

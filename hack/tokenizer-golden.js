@@ -100,6 +100,151 @@ function gz(file, obj) {
 // tokens of mixed text.
 const e2ePrompt = "You are helping me plan a trip. " + corpus.slice(11, 60).join(" ") + "\nWhat should I pack?";
 
+
+// ---- multi-turn conversations (chat_<model>.json.gz) ----
+// Requests as a client sends them (OpenAI messages, tools), the messages
+// as vLLM hands them to the template (content joined into a string, tool
+// call arguments parsed), and the rendering and ids the engine computes.
+
+const turnPieces = [
+  "Hello", " world", "\n", "\n\n", "  ", "What is 2+2?", "Ünïcödé", "é", "🙂", "日本語", "```go\nfunc f() {}\n```", "x", "1234567", "'s",
+  " trailing ", "\t", "<|eot_id|>", "<|im_end|>", "<|im_start|>", "<tool_call>", "a  b", "{\"k\": [1, 2]}", "line1\nline2",
+];
+function turnText(r) {
+  let s = "";
+  const n = 1 + Math.floor(r() * 10);
+  for (let i = 0; i < n; i++) s += turnPieces[Math.floor(r() * turnPieces.length)];
+  return s;
+}
+
+const tools = [
+  { type: "function", function: { name: "get_weather", description: "Weather of a city", parameters: { type: "object",
+    properties: { city: { type: "string", description: "The city, e.g. Paris" }, days: { type: "integer", minimum: 1 } }, required: ["city"] } } },
+  { type: "function", function: { name: "search", description: "Search the web", parameters: { type: "object", properties: { q: { type: "string" } } } } },
+];
+
+// pyJSON is Python's json.dumps(x, ensure_ascii=False) for the values used
+// here (no floats).
+function pyJSON(v) {
+  if (v === null) return "null";
+  if (Array.isArray(v)) return "[" + v.map(pyJSON).join(", ") + "]";
+  if (typeof v === "object") return "{" + Object.keys(v).map((k) => JSON.stringify(k) + ": " + pyJSON(v[k])).join(", ") + "}";
+  return JSON.stringify(v);
+}
+
+// vllmTool is tool.model_dump(): type, function {name, description, parameters}.
+function vllmTool(t) {
+  return { type: t.type, function: { name: t.function.name, description: t.function.description ?? null, parameters: t.function.parameters ?? null } };
+}
+
+// vllmMessage converts one message for a template that takes string content.
+function vllmMessage(m) {
+  let content = m.content;
+  if (content === null || content === undefined) content = "";
+  else if (Array.isArray(content)) content = content.map((p) => (typeof p === "string" ? p : p.text)).filter((t) => t).join("\n");
+  const out = { role: m.role, content };
+  if (m.role === "assistant") {
+    if (m.tool_calls) out.tool_calls = m.tool_calls.map((c) => ({ id: c.id, function: { arguments: JSON.parse(c.function.arguments), name: c.function.name }, type: c.type }));
+    const reasoning = m.reasoning ?? m.reasoning_content;
+    if (reasoning !== undefined && reasoning !== null) { out.reasoning = reasoning; out.reasoning_content = reasoning; }
+  }
+  if (m.role === "tool" && "tool_call_id" in m) out.tool_call_id = m.tool_call_id;
+  return out;
+}
+
+function conversation(r, i) {
+  const msgs = [];
+  const withTools = i % 3 === 1;
+  if (i % 2 === 0) msgs.push({ role: "system", content: "You are a helpful assistant. " + turnText(r) });
+  const turns = 1 + Math.floor(r() * 6);
+  for (let t = 0; t < turns; t++) {
+    if (r() < 0.3) msgs.push({ role: "user", content: [{ type: "text", text: turnText(r) }, { type: "text", text: turnText(r) }] });
+    else msgs.push({ role: "user", content: turnText(r) });
+    if (withTools && r() < 0.6) {
+      const id = "call_" + i + "_" + t;
+      msgs.push({ role: "assistant", content: null, tool_calls: [{ id, type: "function", function: { name: "get_weather", arguments: "{\"city\": \"Paris\", \"days\": " + (t + 1) + "}" } }] });
+      msgs.push({ role: "tool", tool_call_id: id, content: "{\"temp\": " + (10 + t) + ", \"sky\": \"" + turnText(r).replace(/["\\\n\t]/g, " ") + "\"}" });
+    }
+    if (t < turns - 1) {
+      if (r() < 0.3) msgs.push({ role: "assistant", content: turnText(r), reasoning_content: "Thinking: " + turnText(r) });
+      else msgs.push({ role: "assistant", content: turnText(r) });
+    }
+  }
+  const req = { messages: msgs };
+  if (withTools) req.tools = tools;
+  if (i % 5 === 3) req.chat_template_kwargs = { enable_thinking: false };
+  return req;
+}
+
+// qwen3ChatML renders a converted conversation as Qwen 3's chat template
+// does (its documented ChatML form with tools and thinking), for the
+// template @lenml/tokenizers' Jinja cannot parse.
+function qwen3ChatML(messages, tools, addGen, enableThinking) {
+  let s = "";
+  if (tools) {
+    s += "<|im_start|>system\n";
+    if (messages[0].role === "system") s += messages[0].content + "\n\n";
+    s += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+    for (const t of tools) s += "\n" + pyJSON(t);
+    s += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n";
+  } else if (messages[0].role === "system") {
+    s += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  }
+  let multiStep = true, lastQuery = messages.length - 1;
+  for (let k = messages.length - 1; k >= 0; k--) {
+    const m = messages[k];
+    if (multiStep && m.role === "user" && !(m.content.startsWith("<tool_response>") && m.content.endsWith("</tool_response>"))) { multiStep = false; lastQuery = k; }
+  }
+  const lstripNL = (x) => x.replace(/^\n+/, ""), rstripNL = (x) => x.replace(/\n+$/, "");
+  messages.forEach((m, i) => {
+    const last = i === messages.length - 1;
+    if (m.role === "user" || (m.role === "system" && i > 0)) {
+      s += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role === "assistant") {
+      let content = m.content, reasoning = "";
+      if (m.reasoning_content !== undefined && m.reasoning_content !== null) reasoning = m.reasoning_content;
+      else if (content.includes("</think>")) {
+        const parts = content.split("</think>");
+        reasoning = lstripNL(rstripNL(parts[0]).split("<think>").pop());
+        content = lstripNL(parts[parts.length - 1]);
+      }
+      if (i > lastQuery && (last || reasoning)) s += "<|im_start|>" + m.role + "\n<think>\n" + lstripNL(rstripNL(reasoning)) + "\n</think>\n\n" + lstripNL(content);
+      else s += "<|im_start|>" + m.role + "\n" + content;
+      (m.tool_calls || []).forEach((tc, j) => {
+        if ((j === 0 && content) || j > 0) s += "\n";
+        const f = tc.function || tc;
+        s += "<tool_call>\n{\"name\": \"" + f.name + "\", \"arguments\": " + (typeof f.arguments === "string" ? f.arguments : pyJSON(f.arguments)) + "}\n</tool_call>";
+      });
+      s += "<|im_end|>\n";
+    } else if (m.role === "tool") {
+      if (i === 0 || messages[i - 1].role !== "tool") s += "<|im_start|>user";
+      s += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (last || messages[i + 1].role !== "tool") s += "<|im_end|>\n";
+    }
+  });
+  if (addGen) {
+    s += "<|im_start|>assistant\n";
+    if (enableThinking === false) s += "<think>\n\n</think>\n\n";
+  }
+  return s;
+}
+
+function chatGolden(model, tok, enc) {
+  const r = rng(24);
+  const out = [];
+  for (let i = 0; i < 40; i++) {
+    const req = conversation(r, i);
+    const messages = req.messages.map(vllmMessage);
+    const toolDicts = req.tools ? req.tools.map(vllmTool) : null;
+    const kw = req.chat_template_kwargs || {};
+    let rendered;
+    if (model === "qwen3") rendered = qwen3ChatML(messages, toolDicts, true, kw.enable_thinking);
+    else rendered = tok.apply_chat_template(messages, { tools: toolDicts, add_generation_prompt: true, tokenize: false, ...kw });
+    out.push({ request: req, rendered, ids: enc(rendered) });
+  }
+  return out;
+}
+
 fs.mkdirSync(outDir, { recursive: true });
 gz("corpus.json.gz", corpus);
 const big = bigText(corpus);
@@ -136,5 +281,13 @@ for (const model of fs.readdirSync(modelsDir).sort()) {
     chat.push({ text, rendered, ids: chatIDs });
   }
   gz(`${model}.json.gz`, { model, ids, big: { tokens: bigIDs.length, sha256: h.digest("hex") }, chat, renderError, e2ePrompt });
+  if (model === "llama3" || model === "qwen3") {
+    // Whole conversations, and completion prompts with the
+    // post-processor's special tokens (add_special_tokens=True).
+    const completion = corpus.slice(0, 60).map((text) => ({ text, ids: Array.from(tok.encode(text)) }));
+    gz(`chat_${model}.json.gz`, { model, conversations: chatGolden(model, tok, enc), completion });
+  } else if (model === "llama2") {
+    gz(`chat_${model}.json.gz`, { model, conversations: [], completion: corpus.slice(0, 60).map((text) => ({ text, ids: Array.from(tok.encode(text)) })) });
+  }
   console.error(`[tokenizer-golden] ${model}: ${corpus.length} texts, big ${bigIDs.length} tokens, ${chat.length} renderings${renderError ? " (render error: " + renderError + ")" : ""}`);
 }

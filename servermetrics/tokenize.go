@@ -1,6 +1,7 @@
 package servermetrics
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,7 +14,15 @@ const (
 	NameTokenizeFailures = "inferencecache_tokenize_failures_total"
 	NameTokenizeLatency  = "inferencecache_tokenize_latency_seconds"
 	NameTokenizerLoads   = "inferencecache_tokenizer_loads_total"
+	// NameTokenizerLoadFailures counts failed loads by model and reason;
+	// at most MaxLoadFailureModels model values, the rest OtherModel.
+	NameTokenizerLoadFailures = "inferencecache_tokenizer_load_failures_total"
 )
+
+// MaxLoadFailureModels bounds the model label of
+// tokenizer_load_failures_total (model ids come from requests); models
+// past it are counted as OtherModel.
+const MaxLoadFailureModels = 64
 
 // TokenizeBuckets are the buckets of tokenize_latency_seconds: 50 µs for a
 // short prompt to 2.5 s for 1 MiB or a first load.
@@ -29,6 +38,11 @@ type TokenizeMetrics struct {
 	failVec   *prometheus.CounterVec
 	loadOK    prometheus.Counter
 	loadError prometheus.Counter
+
+	loadFailVec *prometheus.CounterVec
+	// mu protects failModels, the model label values in use.
+	mu         sync.Mutex
+	failModels map[string]bool
 }
 
 // RegisterTokenizer registers the tokenizer metrics with every failure
@@ -59,7 +73,12 @@ func (m *Metrics) RegisterTokenizer(reasons ...string) *TokenizeMetrics {
 	for _, r := range reasons {
 		t.failures[r] = t.failVec.WithLabelValues(r)
 	}
-	m.reg.MustRegister(t.ok, t.latency, t.failVec, loads)
+	t.loadFailVec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "tokenizer_load_failures_total",
+		Help: "Failed loads of a model's tokenizer files, by model (at most 64 models, the rest __other__) and reason.",
+	}, []string{"model", "reason"})
+	t.failModels = map[string]bool{}
+	m.reg.MustRegister(t.ok, t.latency, t.failVec, loads, t.loadFailVec)
 	return t
 }
 
@@ -85,4 +104,24 @@ func (t *TokenizeMetrics) TokenizerLoaded(ok bool) {
 	} else {
 		t.loadError.Inc()
 	}
+}
+
+// TokenizerLoadFailed records one failed load of a model's files (it
+// implements modeldir.LoadFailureObserver). The first
+// MaxLoadFailureModels models get their own series; later ones count as
+// OtherModel.
+func (t *TokenizeMetrics) TokenizerLoadFailed(model, reason string) {
+	t.mu.Lock()
+	if len(model) > MaxModelLabelBytes {
+		model = OtherModel
+	}
+	if model != OtherModel && !t.failModels[model] {
+		if len(t.failModels) < MaxLoadFailureModels {
+			t.failModels[model] = true
+		} else {
+			model = OtherModel
+		}
+	}
+	t.mu.Unlock()
+	t.loadFailVec.WithLabelValues(model, reason).Inc()
 }

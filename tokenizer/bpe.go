@@ -48,12 +48,23 @@ type bpeJSON struct {
 }
 
 func buildBPE(raw json.RawMessage, byteLevel bool) (*bpe, error) {
+	// The type first: other models' vocabs (Unigram's is a list of
+	// [piece, score]) do not parse as BPE's, and the error must name the
+	// model, not the JSON shape.
+	typ, ok, err := typed(raw)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("cannot parse model: %w", err)
+	case !ok:
+		return nil, fmt.Errorf("cannot load tokenizer.json: no model")
+	case typ == "":
+		return nil, fmt.Errorf("%w: a model with no type (this package implements \"BPE\")", ErrUnsupported)
+	case typ != "BPE":
+		return nil, fmt.Errorf("%w: model %q (this package implements \"BPE\")", ErrUnsupported, typ)
+	}
 	var c bpeJSON
 	if err := json.Unmarshal(raw, &c); err != nil {
-		return nil, fmt.Errorf("cannot parse model: %w", err)
-	}
-	if c.Type != "BPE" && c.Type != "" {
-		return nil, fmt.Errorf("%w: model %q", ErrUnsupported, c.Type)
+		return nil, fmt.Errorf("cannot parse BPE model: %w", err)
 	}
 	if c.Dropout != nil && *c.Dropout > 0 {
 		return nil, fmt.Errorf("%w: BPE dropout", ErrUnsupported)

@@ -2,9 +2,11 @@
 // tokenizer.json formats that common served models use: byte-level BPE with
 // regex pre-tokenizers (Llama 3, Qwen 2/3, DeepSeek V3) and
 // SentencePiece-style BPE with byte fallback (Llama 2, Gemma). It encodes
-// only (no offsets, no decoding) and never adds the post-processor's special
-// tokens: a chat template already writes them, and engines tokenize the
-// rendered prompt with add_special_tokens=false.
+// only (no offsets, no decoding). Encode adds no special tokens (a chat
+// template writes them; engines tokenize a rendered chat prompt with
+// add_special_tokens=false); EncodeSpecial adds the post-processor's, as
+// engines do for a completion prompt. EncodeFrom tokenizes a text from a
+// Cut of a text that shares its prefix, with the same ids as Encode.
 //
 // Pipeline of Encode, as in Hugging Face tokenizers:
 //
@@ -23,10 +25,12 @@
 package tokenizer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"unicode"
@@ -43,6 +47,7 @@ type Tokenizer struct {
 	norm  normalizer // nil: none
 	pre   preTokenizer
 	model *bpe
+	post  postProcessor
 
 	// vocabSize is the number of ids (vocab plus added tokens).
 	vocabSize int
@@ -81,6 +86,7 @@ func Load(data []byte) (*Tokenizer, error) {
 	if err := t.added.build(f.AddedTokens, t.norm); err != nil {
 		return nil, err
 	}
+	t.post = buildPostProcessor(f.PostProcessor)
 	t.vocabSize = len(t.model.rawVocab)
 	for _, a := range t.added.tokens {
 		if int(a.id) >= t.vocabSize {
@@ -91,10 +97,11 @@ func Load(data []byte) (*Tokenizer, error) {
 }
 
 type fileJSON struct {
-	AddedTokens  []addedTokenJSON `json:"added_tokens"`
-	Normalizer   json.RawMessage  `json:"normalizer"`
-	PreTokenizer json.RawMessage  `json:"pre_tokenizer"`
-	Model        json.RawMessage  `json:"model"`
+	AddedTokens   []addedTokenJSON `json:"added_tokens"`
+	Normalizer    json.RawMessage  `json:"normalizer"`
+	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
+	Model         json.RawMessage  `json:"model"`
+	PostProcessor json.RawMessage  `json:"post_processor"`
 }
 
 type addedTokenJSON struct {
@@ -117,8 +124,8 @@ type scratch struct {
 	segs2           []segment
 	spans           []span
 	seqA, seqB      []string
-	// firstSection is set while the text at offset 0 is pre-tokenized
-	// (Metaspace prepend_scheme "first").
+	// firstSection is set while the text at original offset 0 is
+	// pre-tokenized (Metaspace prepend_scheme "first").
 	firstSection bool
 }
 
@@ -131,13 +138,59 @@ const ctxCheckEvery = 64 << 10
 // Encode appends the ids of text to dst. It honors ctx between segments of
 // about 64 KiB.
 func (t *Tokenizer) Encode(ctx context.Context, dst []uint32, text string) ([]uint32, error) {
+	dst, _, err := t.encodeFrom(ctx, dst, text, 0, nil, false)
+	return dst, err
+}
+
+// Cut is a point of a text where its tokenization splits cleanly: the end
+// of an added token that no tokenizer stage can join with what follows
+// (see CutSafe). The ids of text[:Offset] are the first Tokens ids of the
+// text's tokenization, whatever text follows Offset.
+type Cut struct {
+	// Offset is the byte offset in the text, just past the token.
+	Offset int
+	// Tokens is the number of ids before Offset.
+	Tokens int
+	// ID is the added token that ends at Offset.
+	ID uint32
+}
+
+// ErrBadCut is returned by EncodeFrom for a cut that is not the end of a
+// cut-safe added token in the text.
+var ErrBadCut = errors.New("tokenizer: the cut is not at the end of a cut-safe added token of the text")
+
+// EncodeFrom tokenizes text from a cut on and reports the text's cuts.
+//
+// With from the zero Cut it is Encode, and it appends every cut of text to
+// cuts. Otherwise from must be a cut that an earlier EncodeFrom reported
+// for a text sharing text[:from.Offset], and dst must hold that text's
+// first from.Tokens ids (then len(dst) == from.Tokens): EncodeFrom appends
+// the ids of the rest and the cuts after from, so that dst ends up equal
+// to Encode(text), id for id (the proof is in docs/tokenizers.md).
+// EncodeFrom checks that text[:from.Offset] ends with from's token and
+// that the token is cut-safe; the caller guarantees the shared prefix.
+func (t *Tokenizer) EncodeFrom(ctx context.Context, dst []uint32, text string, from Cut, cuts []Cut) ([]uint32, []Cut, error) {
+	if from.Offset != 0 {
+		i, ok := t.added.byID[from.ID]
+		if !ok || !t.added.tokens[i].cutSafe || from.Offset > len(text) ||
+			!strings.HasSuffix(text[:from.Offset], t.added.tokens[i].content) || len(dst) != from.Tokens {
+			return dst, cuts, ErrBadCut
+		}
+	}
+	return t.encodeFrom(ctx, dst, text, from.Offset, cuts, true)
+}
+
+func (t *Tokenizer) encodeFrom(ctx context.Context, dst []uint32, text string, from int, cuts []Cut, wantCuts bool) ([]uint32, []Cut, error) {
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
-	sc.segs = t.added.split(sc.segs[:0], text, false)
+	sc.segs = t.added.split(sc.segs[:0], text, 0, from)
 	done := 0
 	for _, seg := range sc.segs {
 		if seg.id >= 0 {
 			dst = append(dst, uint32(seg.id))
+			if wantCuts && seg.cut {
+				cuts = append(cuts, Cut{Offset: seg.end, Tokens: len(dst), ID: uint32(seg.id)})
+			}
 			continue
 		}
 		s := text[seg.start:seg.end]
@@ -145,26 +198,30 @@ func (t *Tokenizer) Encode(ctx context.Context, dst []uint32, text string) ([]ui
 		if t.norm != nil {
 			s = t.norm.normalize(s)
 		}
-		if t.added.hasNormalized {
-			sc.segs2 = t.added.split(sc.segs2[:0], s, true)
+		if t.added.has[1] {
+			first := sc.firstSection
+			sc.segs2 = t.added.split(sc.segs2[:0], s, 1, 0)
 			for _, seg2 := range sc.segs2 {
 				if seg2.id >= 0 {
 					dst = append(dst, uint32(seg2.id))
 					continue
 				}
+				// Only the text at original offset 0 is first: not
+				// the text after a token matched in this pass.
+				sc.firstSection = first && seg2.start == 0
 				var err error
 				if dst, err = t.encodeNormalized(ctx, dst, s[seg2.start:seg2.end], sc, &done); err != nil {
-					return dst, err
+					return dst, cuts, err
 				}
 			}
 			continue
 		}
 		var err error
 		if dst, err = t.encodeNormalized(ctx, dst, s, sc, &done); err != nil {
-			return dst, err
+			return dst, cuts, err
 		}
 	}
-	return dst, nil
+	return dst, cuts, nil
 }
 
 func (t *Tokenizer) encodeNormalized(ctx context.Context, dst []uint32, s string, sc *scratch, done *int) ([]uint32, error) {
@@ -201,27 +258,160 @@ type addedToken struct {
 	match                      string
 	special, normalized        bool
 	lstrip, rstrip, singleWord bool
+	// cutSafe: the end of this token is a Cut (see CutSafe).
+	cutSafe bool
 }
 
+// addedVocab splits text on the added tokens, leftmost-longest, like the
+// Aho-Corasick automata of Hugging Face tokenizers (one for the raw text,
+// one for normalized text). Each pass is a byte trie: at every scan
+// position the longest token is found by one walk no deeper than the
+// longest token, so a split costs O(len(text) × longest token) whatever the
+// number of tokens sharing a prefix.
 type addedVocab struct {
 	tokens []addedToken
-	// byFirst[b] lists the tokens of each pass starting with byte b, longest
-	// first; pass 0 matches the raw text, pass 1 the normalized text.
-	byFirst       [2][256][]int
-	hasNormalized bool
-	has           [2]bool
-	// onlyFirst[p] is the one first byte of every token of pass p when
-	// they share it (e.g. '<'), for a strings.IndexByte scan; -1 otherwise.
-	onlyFirst [2]int
+	byID   map[uint32]int
+	// tries[p] holds the tokens of pass p: 0 matches the raw text (tokens
+	// with normalized=false), 1 the normalized text.
+	tries [2]trie
+	has   [2]bool
+}
+
+// trie is a radix tree over bytes: every edge carries a label (a run of
+// bytes no token ends inside), so a walk does one string compare per
+// branch point. The root dispatches on the first byte through a table.
+type trie struct {
+	nodes []trieNode
+	// root[b] is the child of the root whose label starts with b, or 0.
+	root [256]int32
+	// first marks the bytes a token of the trie starts with.
+	first [256]bool
+	// onlyFirst is the one first byte of every token when they share it
+	// (e.g. '<'), for a strings.IndexByte scan; -1 otherwise.
+	onlyFirst int
+}
+
+type trieNode struct {
+	// label is the edge from the parent (empty for the root).
+	label string
+	// tok is the index (in addedVocab.tokens) of the token ending here, or
+	// -1.
+	tok int32
+	// heads[i] is the first byte of children[i]'s label.
+	heads    []byte
+	children []int32
+}
+
+// buildTrie makes the radix tree of the given token strings (tokens[i] is
+// the string of token index idx[i]); the first of equal strings wins.
+func buildTrie(strs []string, idx []int) trie {
+	// A plain byte trie first, then its single-child chains are folded
+	// into labels.
+	type bnode struct {
+		tok  int32
+		next map[byte]int32
+	}
+	bt := []bnode{{tok: -1}}
+	for k, str := range strs {
+		n := int32(0)
+		for i := 0; i < len(str); i++ {
+			if bt[n].next == nil {
+				bt[n].next = map[byte]int32{}
+			}
+			nx, ok := bt[n].next[str[i]]
+			if !ok {
+				bt = append(bt, bnode{tok: -1})
+				nx = int32(len(bt) - 1)
+				bt[n].next[str[i]] = nx
+			}
+			n = nx
+		}
+		if bt[n].tok < 0 {
+			bt[n].tok = int32(idx[k])
+		}
+	}
+	tr := trie{nodes: []trieNode{{tok: bt[0].tok}}, onlyFirst: -1}
+	var fold func(parent int32, from int32, label []byte)
+	fold = func(parent int32, from int32, label []byte) {
+		// Follow the chain while a node has one child and ends no token.
+		n := from
+		for bt[n].tok < 0 && len(bt[n].next) == 1 {
+			for b, nx := range bt[n].next {
+				label = append(label, b)
+				n = nx
+			}
+		}
+		tr.nodes = append(tr.nodes, trieNode{label: string(label), tok: bt[n].tok})
+		me := int32(len(tr.nodes) - 1)
+		p := &tr.nodes[parent]
+		p.heads = append(p.heads, label[0])
+		p.children = append(p.children, me)
+		keys := make([]int, 0, len(bt[n].next))
+		for b := range bt[n].next {
+			keys = append(keys, int(b))
+		}
+		slices.Sort(keys)
+		for _, b := range keys {
+			fold(me, bt[n].next[byte(b)], []byte{byte(b)})
+		}
+	}
+	keys := make([]int, 0, len(bt[0].next))
+	for b := range bt[0].next {
+		keys = append(keys, int(b))
+	}
+	slices.Sort(keys)
+	for _, b := range keys {
+		fold(0, bt[0].next[byte(b)], []byte{byte(b)})
+	}
+	for i, h := range tr.nodes[0].heads {
+		tr.root[h] = tr.nodes[0].children[i]
+		tr.first[h] = true
+	}
+	if len(tr.nodes[0].heads) == 1 {
+		tr.onlyFirst = int(tr.nodes[0].heads[0])
+	}
+	return tr
+}
+
+// longest returns the longest token that s starts with (index in tokens)
+// and its length, or -1.
+func (tr *trie) longest(s string) (int, int) {
+	if len(s) == 0 || len(tr.nodes) == 0 {
+		return -1, 0
+	}
+	n := tr.root[s[0]]
+	best, bestLen, off := -1, 0, 0
+	for n != 0 {
+		nd := &tr.nodes[n]
+		if !strings.HasPrefix(s[off:], nd.label) {
+			break
+		}
+		off += len(nd.label)
+		if nd.tok >= 0 {
+			best, bestLen = int(nd.tok), off
+		}
+		if off >= len(s) {
+			break
+		}
+		i := bytes.IndexByte(nd.heads, s[off])
+		if i < 0 {
+			break
+		}
+		n = nd.children[i]
+	}
+	return best, bestLen
 }
 
 // segment is a piece of text: an added token (id >= 0) or text to encode.
 type segment struct {
 	start, end int
 	id         int64
+	// cut: the segment is a cut-safe token.
+	cut bool
 }
 
 func (a *addedVocab) build(toks []addedTokenJSON, norm normalizer) error {
+	a.byID = make(map[uint32]int, len(toks))
 	for _, tj := range toks {
 		if tj.Content == "" {
 			return fmt.Errorf("cannot load added token %d: empty content", tj.ID)
@@ -238,86 +428,88 @@ func (a *addedVocab) build(toks []addedTokenJSON, norm normalizer) error {
 			}
 		}
 	}
+	var strs [2][]string
+	var idx [2][]int
 	for i, tok := range a.tokens {
-		pass := 0
+		if _, dup := a.byID[tok.id]; !dup {
+			a.byID[tok.id] = i
+		}
 		// As in Hugging Face tokenizers, the passes partition the tokens
 		// by their normalized flag alone.
+		pass := 0
 		if tok.normalized {
 			pass = 1
-			a.hasNormalized = true
 		}
 		a.has[pass] = true
-		b := tok.match[0]
-		a.byFirst[pass][b] = append(a.byFirst[pass][b], i)
+		strs[pass] = append(strs[pass], tok.match)
+		idx[pass] = append(idx[pass], i)
 	}
-	for p := range a.byFirst {
-		a.onlyFirst[p] = -1
-		for b := range a.byFirst[p] {
-			if len(a.byFirst[p][b]) == 0 {
-				continue
-			}
-			if a.onlyFirst[p] == -1 {
-				a.onlyFirst[p] = b
-			} else {
-				a.onlyFirst[p] = -2
-			}
-		}
-		if a.onlyFirst[p] < 0 {
-			a.onlyFirst[p] = -1
-		}
-		for b := range a.byFirst[p] {
-			l := a.byFirst[p][b]
-			// insertion sort, longest first (stable for equal lengths)
-			for i := 1; i < len(l); i++ {
-				for j := i; j > 0 && len(a.tokens[l[j]].match) > len(a.tokens[l[j-1]].match); j-- {
-					l[j], l[j-1] = l[j-1], l[j]
-				}
-			}
-		}
+	for p := range a.tries {
+		a.tries[p] = buildTrie(strs[p], idx[p])
 	}
+	a.markCutSafe()
 	return nil
 }
 
-// split appends the segments of s: added tokens of the pass and the text
-// between them (leftmost-longest matching, like the Aho-Corasick automaton
-// of Hugging Face tokenizers).
-func (a *addedVocab) split(dst []segment, s string, normalizedPass bool) []segment {
-	pass := 0
-	if normalizedPass {
-		pass = 1
+// markCutSafe decides which tokens end a Cut: a raw-text (pass 0) token
+// without rstrip or single_word, that no other pass-0 token contains with
+// more text after it (so no match can start before its end and reach past
+// it). docs/tokenizers.md has the argument.
+func (a *addedVocab) markCutSafe() {
+	for i := range a.tokens {
+		tok := &a.tokens[i]
+		if tok.normalized || tok.rstrip || tok.singleWord {
+			continue
+		}
+		safe := true
+		for j := range a.tokens {
+			o := &a.tokens[j]
+			if j == i || o.normalized {
+				continue
+			}
+			// The first occurrence is the only one if it ends o.
+			if k := strings.Index(o.match, tok.match); k >= 0 && k+len(tok.match) < len(o.match) {
+				safe = false
+				break
+			}
+		}
+		tok.cutSafe = safe
 	}
+}
+
+// split appends the segments of s[from:] for a pass: added tokens and the
+// text between them, leftmost-longest as Hugging Face's
+// AddedVocabulary::find_matches (lstrip never reaches before the end of the
+// previous segment, nor before from; single_word looks at the text around
+// the match, s[:from] included).
+func (a *addedVocab) split(dst []segment, s string, pass, from int) []segment {
 	if !a.has[pass] {
-		return append(dst, segment{0, len(s), -1})
+		if from < len(s) {
+			dst = append(dst, segment{start: from, end: len(s), id: -1})
+		}
+		return dst
 	}
-	idx := &a.byFirst[pass]
-	only := a.onlyFirst[pass]
-	startOffset := 0
-	for pos := 0; pos < len(s); {
+	tr := &a.tries[pass]
+	only := tr.onlyFirst
+	startOffset := from
+	for pos := from; pos < len(s); {
 		if only >= 0 {
 			i := strings.IndexByte(s[pos:], byte(only))
 			if i < 0 {
 				break
 			}
 			pos += i
-		}
-		cands := idx[s[pos]]
-		if len(cands) == 0 {
+		} else if !tr.first[s[pos]] {
 			pos++
 			continue
 		}
-		best := -1
-		for _, c := range cands {
-			if strings.HasPrefix(s[pos:], a.tokens[c].match) {
-				best = c
-				break
-			}
-		}
+		best, n := tr.longest(s[pos:])
 		if best < 0 {
 			pos++
 			continue
 		}
 		tok := &a.tokens[best]
-		start, stop := pos, pos+len(tok.match)
+		start, stop := pos, pos+n
 		pos = stop
 		if tok.singleWord {
 			if (start > 0 && endsWithWord(s[:start])) || (stop < len(s) && startsWithWord(s[stop:])) {
@@ -333,13 +525,13 @@ func (a *addedVocab) split(dst []segment, s string, normalizedPass bool) []segme
 			pos = stop
 		}
 		if startOffset < start {
-			dst = append(dst, segment{startOffset, start, -1})
+			dst = append(dst, segment{start: startOffset, end: start, id: -1})
 		}
-		dst = append(dst, segment{start, stop, int64(tok.id)})
+		dst = append(dst, segment{start: start, end: stop, id: int64(tok.id), cut: pass == 0 && tok.cutSafe})
 		startOffset = stop
 	}
 	if startOffset < len(s) {
-		dst = append(dst, segment{startOffset, len(s), -1})
+		dst = append(dst, segment{start: startOffset, end: len(s), id: -1})
 	}
 	return dst
 }
@@ -374,4 +566,18 @@ func typed(raw json.RawMessage) (string, bool, error) {
 type patternJSON struct {
 	String *string `json:"String"`
 	Regex  *string `json:"Regex"`
+}
+
+// CutOffsets appends the offsets of text's cuts (the Offset of each Cut
+// EncodeFrom would report) without encoding: one added-token scan.
+func (t *Tokenizer) CutOffsets(dst []int, text string) []int {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	sc.segs = t.added.split(sc.segs[:0], text, 0, 0)
+	for _, seg := range sc.segs {
+		if seg.id >= 0 && seg.cut {
+			dst = append(dst, seg.end)
+		}
+	}
+	return dst
 }

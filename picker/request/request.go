@@ -57,6 +57,18 @@ type Request struct {
 	// ChatTemplateKwargs is vLLM's "chat_template_kwargs" object (for
 	// example {"enable_thinking": false}), nil when absent.
 	ChatTemplateKwargs json.RawMessage
+	// Documents is vLLM's "documents" array (passed to the template), nil
+	// when absent.
+	Documents json.RawMessage
+	// ReasoningEffort is "reasoning_effort" ("" when absent); vLLM passes
+	// it to the template and turns enable_thinking on unless it is "none".
+	ReasoningEffort string
+
+	// AddSpecialTokens is vLLM's "add_special_tokens": whether the
+	// tokenizer's post-processor adds its special tokens (a BOS) to the
+	// prompt. vLLM's defaults: false for chat (the template writes them),
+	// true for completion.
+	AddSpecialTokens bool
 
 	// Completion. A prompt is text (Prompt) or token ids (PromptTokens,
 	// HasPromptTokens). A batch of prompts is routed by its first.
@@ -113,6 +125,9 @@ type body struct {
 	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
 	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
 	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	Documents            json.RawMessage `json:"documents"`
+	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
+	AddSpecialTokens     json.RawMessage `json:"add_special_tokens"`
 }
 
 // Parse reads a request body sent to path. The kind comes from the path,
@@ -157,6 +172,10 @@ func Parse(path string, b []byte) (*Request, error) {
 		if json.Unmarshal(in.StreamOptions, &so) != nil || !boolField(so.IncludeUsage, &r.IncludeUsage) {
 			errs = append(errs, `"stream_options" is not an object with a boolean include_usage`)
 		}
+	}
+	r.AddSpecialTokens = r.Kind == KindCompletion
+	if !boolField(in.AddSpecialTokens, &r.AddSpecialTokens) {
+		errs = append(errs, `"add_special_tokens" is not a boolean`)
 	}
 	switch r.Kind {
 	case KindChat:
@@ -208,6 +227,15 @@ func (r *Request) parseChat(in *body) error {
 			return errors.New(`"chat_template_kwargs" is not an object`)
 		}
 		r.ChatTemplateKwargs = in.ChatTemplateKwargs
+	}
+	if present(in.Documents) {
+		if in.Documents[0] != '[' {
+			return errors.New(`"documents" is not an array`)
+		}
+		r.Documents = in.Documents
+	}
+	if !stringField(in.ReasoningEffort, &r.ReasoningEffort) {
+		return errors.New(`"reasoning_effort" is not a string`)
 	}
 	return nil
 }

@@ -112,6 +112,8 @@ func FuzzParse(f *testing.F) {
 		`{"model": "m", "prompt": [[1, 2]], "stream": true, "stream_options": {"include_usage": true}}`,
 		`{"model": "m", "prompt": ["a"]}`,
 		`{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}], "tools": []}`,
+		`{"model": "m", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low", "documents": [{"title": "t", "text": "d"}]}`,
+		`{"model": "m", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": 1, "documents": {}}`,
 		`{}`, `[]`, `null`, `{"prompt": [1e40]}`, `{"messages": [[]]}`, `{"prompt": [[]]}`, `{"prompt": [""]}`,
 	} {
 		f.Add("/v1/chat/completions", []byte(s))
@@ -131,4 +133,16 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestParseReasoningAndDocuments(t *testing.T) {
+	r, err := Parse(ChatPath, []byte(`{"model": "m", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high", "documents": [{"text": "d"}]}`))
+	if err != nil || r.ReasoningEffort != "high" || string(r.Documents) != `[{"text": "d"}]` {
+		t.Fatalf("%+v %v", r, err)
+	}
+	for _, bad := range []string{`"reasoning_effort": 1`, `"documents": {}`} {
+		if _, err := Parse(ChatPath, []byte(`{"model": "m", "messages": [{"role": "user", "content": "x"}], `+bad+`}`)); !errors.Is(err, ErrUnrecognized) {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
 }

@@ -31,7 +31,15 @@ type goldenChat struct {
 
 func readGolden(t testing.TB, model string) goldenChat {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("..", "testdata", "golden", model+".json.gz"))
+	var g goldenChat
+	readGz(t, model, &g)
+	return g
+}
+
+// readGz decodes tokenizer/testdata/golden/<name>.json.gz.
+func readGz(t testing.TB, name string, v any) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", "golden", name+".json.gz"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,21 +47,16 @@ func readGolden(t testing.TB, model string) goldenChat {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var g goldenChat
-	if err := json.NewDecoder(zr).Decode(&g); err != nil {
+	if err := json.NewDecoder(zr).Decode(v); err != nil {
 		t.Fatal(err)
 	}
-	return g
 }
 
 // TestGoldenPrompts: Encode (render, then tokenize) gives what the
 // reference implementation gives for one user message with the generation
 // prompt: the ids an engine computes for the same request.
 func TestGoldenPrompts(t *testing.T) {
-	d, err := New(Config{Root: assetsDir(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := sharedDir(t)
 	models, every := []string{"llama3", "qwen3", "deepseek_v3"}, 1
 	if raceEnabled {
 		// A model load takes seconds under the race detector; the full

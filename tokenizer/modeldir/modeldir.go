@@ -59,6 +59,13 @@ type Observer interface {
 	TokenizerLoaded(ok bool)
 }
 
+// LoadFailureObserver is an Observer that also records which model failed
+// to load and why (servermetrics' tokenizer_load_failures_total); Dir
+// calls it when its Observer implements it. model is a valid model id.
+type LoadFailureObserver interface {
+	TokenizerLoadFailed(model, reason string)
+}
+
 // DefaultRetryAfter is how long a failed load is remembered.
 const DefaultRetryAfter = 30 * time.Second
 
@@ -81,6 +88,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// PrefixCacheBytes bounds each loaded model's cache of recent chat
+	// renderings; 0 means DefaultPrefixCacheBytes.
+	PrefixCacheBytes int64
 }
 
 // Dir is the tokenizer registry of a --tokenizer-dir. Safe for concurrent
@@ -91,6 +101,8 @@ type Dir struct {
 	retry time.Duration
 	log   *slog.Logger
 	now   func() time.Time
+	// prefixBytes is Config.PrefixCacheBytes.
+	prefixBytes int64
 
 	// group makes concurrent first requests for a model share one load.
 	group singleflight.Group
@@ -111,6 +123,17 @@ type Dir struct {
 type model struct {
 	tok  *tokenizer.Tokenizer
 	tmpl *chattemplate.Template
+	// tmplErr is why tmpl is nil (the config has no chat_template).
+	tmplErr error
+	// special is tok with the post-processor a completion prompt gets
+	// (tokenizer.json's, or the tokenizer class's own; see
+	// specialTokenizer).
+	special *tokenizer.Tokenizer
+	// prefix remembers recent chat renderings (RequestTokens).
+	prefix *prefixCache
+	// msgs keeps converted messages (RequestTokens); nil when the template
+	// could modify them.
+	msgs *msgCache
 }
 
 type failure struct {
@@ -160,6 +183,9 @@ func New(cfg Config) (*Dir, error) {
 	if d.now == nil {
 		d.now = time.Now
 	}
+	if d.prefixBytes = cfg.PrefixCacheBytes; d.prefixBytes <= 0 {
+		d.prefixBytes = DefaultPrefixCacheBytes
+	}
 	return d, nil
 }
 
@@ -205,6 +231,10 @@ func (d *Dir) Encode(ctx context.Context, modelID, text string) ([]uint32, error
 			d.obs.TokenizeFailed(ReasonCanceled)
 		}
 		return nil, err
+	}
+	if m.tmpl == nil {
+		d.obs.TokenizeFailed(ReasonNoTemplate)
+		return nil, &Error{modelID, ReasonNoTemplate, m.tmplErr}
 	}
 	rendered, err := m.tmpl.RenderUser(text)
 	if err != nil {
@@ -265,6 +295,9 @@ func (d *Dir) load(id string) (*model, error) {
 	m, reason, err := d.read(id)
 	if err != nil {
 		d.obs.TokenizerLoaded(false)
+		if lf, ok := d.obs.(LoadFailureObserver); ok {
+			lf.TokenizerLoadFailed(id, reason)
+		}
 		d.logFailure("cannot load the tokenizer of a model: prompt_text lookups for it fail open to NO_HINT",
 			"model", clip(id), "reason", reason, "error", err, "retry_after", d.retry)
 		d.mu.Lock()
@@ -307,11 +340,31 @@ func (d *Dir) read(id string) (*model, string, error) {
 	if err != nil {
 		return nil, ReasonNoTemplate, fmt.Errorf("cannot read tokenizer_config.json: %w", err)
 	}
-	tmpl, err := chattemplate.Parse(cfg)
-	if err != nil {
+	// A chat_template.jinja file, where the model has one, is the
+	// template transformers uses.
+	var src []byte
+	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil && len(b) > 0 {
+		src = b
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, ReasonNoTemplate, fmt.Errorf("cannot read chat_template.jinja: %w", err)
+	}
+	tmpl, err := chattemplate.ParseWithSource(cfg, string(src))
+	var tmplErr error
+	if errors.Is(err, chattemplate.ErrNoTemplate) {
+		// Completions need no template: the model loads, chats fail.
+		tmpl, tmplErr = nil, err
+	} else if err != nil {
 		return nil, ReasonNoTemplate, err
 	}
-	return &model{tok: tok, tmpl: tmpl}, "", nil
+	special, err := specialTokenizer(tok, cfg)
+	if err != nil {
+		return nil, ReasonLoadFailed, err
+	}
+	m := &model{tok: tok, tmpl: tmpl, tmplErr: tmplErr, special: special, prefix: newPrefixCache(d.prefixBytes)}
+	if tmpl != nil && !tmpl.MayModifyValues() {
+		m.msgs = newMsgCache(d.prefixBytes)
+	}
+	return m, "", nil
 }
 
 // logFailure logs a failed load at ERROR, at most once a second (model ids

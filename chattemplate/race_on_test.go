@@ -1,0 +1,5 @@
+//go:build race
+
+package chattemplate
+
+const raceEnabled = true
