@@ -225,4 +225,6 @@ func (m *Metrics) RegisterPickerEndpoints(reasons ...string) *PickerEndpointsMet
 func (p *PickerEndpointsMetrics) PoolChanged(n int) { p.endpoints.Set(float64(n)) }
 
 // ReloadFailed implements endpoints.Observer.
-func (p *PickerEndpointsMetrics) ReloadFailed(reason string) { p.failures.WithLabelValues(reason).Inc() }
+func (p *PickerEndpointsMetrics) ReloadFailed(reason string) {
+	p.failures.WithLabelValues(reason).Inc()
+}

@@ -63,7 +63,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		// running a picker with nothing to pick from.
 		"pool without API": {[]string{"--insecure-disable-auth", "--inference-pool", "ns/pool", "--kubeconfig", "/nonexistent/kubeconfig"}, "cannot load --kubeconfig"},
 		"missing file":     {[]string{"--insecure-disable-auth", "--endpoints-file", "/nonexistent/endpoints.yaml"}, "endpoints file"},
-		"ext-proc TLS": {[]string{"--insecure-disable-auth", "--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext", "--ext-proc-tls-cert-file", "x"}, "exclude each other"},
+		"ext-proc TLS":     {[]string{"--insecure-disable-auth", "--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext", "--ext-proc-tls-cert-file", "x"}, "exclude each other"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
