@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/picker"
 	"github.com/inferencecache/inferencecache/picker/endpoints"
 	"github.com/inferencecache/inferencecache/tokenizer/modeldir"
@@ -63,6 +64,13 @@ type PickerConfig struct {
 	// and the demo).
 	Tokenizer picker.Tokenizer
 }
+
+// The picker tokenizes with the --tokenizer-dir and tells the index what it
+// routed.
+var (
+	_ picker.Tokenizer = (*modeldir.Dir)(nil)
+	_ picker.Feedback  = (*engine.Engine)(nil)
+)
 
 // NewEndpointSource builds an endpoint source that reports to obs and logs
 // to log.
@@ -110,16 +118,11 @@ func (s *Server) newPicker(dir *modeldir.Dir) (*pickerServer, error) {
 	tok := pc.Tokenizer
 	if tok == nil && dir != nil {
 		// The whole-conversation tokenizer (chat template over every
-		// message) is a method of *modeldir.Dir; without it, every chat
-		// pick falls back (counted as no_tokenizer).
-		if t, ok := any(dir).(picker.Tokenizer); ok {
-			tok = t
-		}
+		// message); without --tokenizer-dir every chat pick falls back
+		// (counted as no_tokenizer).
+		tok = dir
 	}
-	var fb picker.Feedback
-	if f, ok := any(s.engine).(picker.Feedback); ok {
-		fb = f
-	}
+	var fb picker.Feedback = s.engine
 	ps := &pickerServer{src: pc.Source, tls: creds != nil}
 	obs := s.metrics.RegisterPicker(picker.Picks, func(fn func(endpoint, replica string, n int64)) {
 		if ps.pk == nil {
