@@ -131,9 +131,14 @@ func BenchmarkDecide8k(b *testing.B) {
 // the whole of it; "next" is that conversation's next turn (a reply and
 // a question more), which tokenizes only what follows the cached part.
 // Target p99 <= 1 ms; the CPU is measured around each decision alone.
-func BenchmarkDecide8kLlama3(b *testing.B) {
+func BenchmarkDecide8kLlama3(b *testing.B) { benchDecideChat(b, 8192) }
+
+// BenchmarkDecide2kLlama3 is BenchmarkDecide8kLlama3 at 2,048 tokens (the
+// size of the ext_proc picks/s target: loadgen's BenchmarkPickerExtProc).
+func BenchmarkDecide2kLlama3(b *testing.B) { benchDecideChat(b, 2048) }
+
+func benchDecideChat(b *testing.B, target int) {
 	dir := llama3Dir(b, 0)
-	const target = 8192
 	msgs := calibrate(b, dir, target, func(words int) []benchMessage { return chatConversation(1, 8, words) })
 	b.Logf("%d words a message: %d tokens", msgs, countTokens(b, dir, chatBody(chatConversation(1, 8, msgs))))
 	p, e := benchPicker(b, dir, "llama3", nil)
