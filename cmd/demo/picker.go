@@ -19,6 +19,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/kvevents"
 	"github.com/inferencecache/inferencecache/picker/endpoints"
+	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/server"
 )
 
@@ -132,6 +133,18 @@ func (d *pickerDemo) run(ctx context.Context, srv *server.Server, nConv, turns i
 		if err := e.subscribe(subCtx, sink, demoTenant, d.model, statsInterval, &subs); err != nil {
 			return nil, fmt.Errorf("engine %s: %w", e.replicaID, err)
 		}
+	}
+
+	// The server loads a model's tokenizer on its first request (a real
+	// one takes a second or more); the users should not all fall back
+	// meanwhile, so one prompt_text lookup, which waits for the load,
+	// goes first.
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	_, err = pb.NewInferenceCacheClient(cconn).LookupRoute(wctx, &pb.LookupRouteRequest{TenantId: demoTenant, ModelId: d.model,
+		HashScheme: "vllm", PromptText: "Hello."})
+	wcancel()
+	if err != nil {
+		return nil, fmt.Errorf("cannot warm the picker's tokenizer up: %w", err)
 	}
 
 	creds := insecure.NewCredentials()

@@ -15,6 +15,7 @@ import (
 	"github.com/inferencecache/inferencecache/kvevents"
 	"github.com/inferencecache/inferencecache/loadgen"
 	"github.com/inferencecache/inferencecache/picker/endpoints"
+	"github.com/inferencecache/inferencecache/picker/request"
 	"github.com/inferencecache/inferencecache/server"
 	"github.com/inferencecache/inferencecache/tokenizer/modeldir"
 )
@@ -209,6 +210,15 @@ func inProcessPicker(ctx context.Context, cfg *loadgen.PickerConfig, tokDir stri
 		cfg.MetricsURL = "http://" + srv.HTTPAddr().String() + "/metrics"
 	}
 	if tok != nil {
+		// Load the model's files now, not in the first requests.
+		lctx, lcancel := context.WithTimeout(ctx, time.Minute)
+		_, err := tok.RequestTokens(lctx, cfg.Model, &request.Request{Kind: request.KindChat,
+			Messages: []request.Message{{Role: "user", Raw: []byte(`{"role":"user","content":"Hello."}`)}}, AddGenerationPrompt: true})
+		lcancel()
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("cannot load the tokenizer of %s: %w", cfg.Model, err)
+		}
 		conn, err := kvevents.DialServer(srv.GRPCAddr().String(), kvevents.TLSFiles{})
 		if err != nil {
 			stop()
