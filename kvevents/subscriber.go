@@ -187,6 +187,11 @@ type Subscriber struct {
 	// changes counts changes of the index or seq; the state is written
 	// when it differs from saved.
 	changes, saved uint64
+	// keepSaved is set when a shutdown interrupted a sync or a history
+	// recovery: the index then holds replayed batches whose outcome was
+	// never forwarded, so the state file is left as last saved and the
+	// next start replays from there.
+	keepSaved bool
 }
 
 // seqTracker follows the sequence numbers of one endpoint.
@@ -327,8 +332,13 @@ loop:
 	}
 	if w != nil {
 		w.close() // waits for a write in progress
-		if data := s.encodeState(w.failed.Load()); data != nil {
-			w.write(data)
+		switch {
+		case s.keepSaved:
+			s.log.Info("shutdown interrupted a replay sync; the state file stays as last saved", "path", s.cfg.StateFile)
+		default:
+			if data := s.encodeState(w.failed.Load()); data != nil {
+				w.write(data)
+			}
 		}
 	}
 	return flushErr
@@ -363,15 +373,21 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 		// take the new engine's batches before this one from its replay.
 		s.engineRestarted("its sequence went back on a new connection", seq)
 		t.started = true
-		if seq > 0 {
-			s.recover(ctx, seq)
+		if seq > 0 && !s.recover(ctx, seq) {
+			// Shutdown: what the new engine's replay delivered so far is
+			// applied; without any of it there is no history to verify,
+			// and the next start syncs from the new engine's oldest batch.
+			t.started = t.next > 0
+			return
 		}
 	case seq < t.next:
 		// Late (reordered) or already applied from a replay.
 		return
 	case seq > t.next:
 		s.metrics.gap()
-		s.recover(ctx, seq)
+		if !s.recover(ctx, seq) {
+			return // shutdown: the gap is left to the next start
+		}
 		if seq < t.next {
 			return // the replay went past it
 		}
@@ -383,8 +399,12 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 
 // recover fills [next, upTo) from the engine's replay endpoint. When it
 // cannot, the replica is reset: ALL_CLEARED and an empty positional index,
-// so the server keeps nothing the subscriber cannot vouch for.
-func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
+// so the server keeps nothing the subscriber cannot vouch for. It returns
+// false when ctx ended (shutdown) before the gap was filled: that proves
+// nothing about the engine, so nothing is reset; next stays at the first
+// batch still missing (the state file says so) and the next start's sync
+// replays from there.
+func (s *Subscriber) recover(ctx context.Context, upTo uint64) bool {
 	t := &s.seq
 	from := t.next
 	outcome := ReplayOK
@@ -407,6 +427,10 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
 		})
 		s.replaying = false
 		cancel()
+		if t.next < upTo && err != nil && ctx.Err() != nil {
+			s.log.Info("shutdown during a gap replay; leaving the gap to the next start", "from", t.next, "to", upTo-1)
+			return false
+		}
 		switch {
 		case t.next >= upTo:
 			// Every missing batch was applied; what went wrong after that
@@ -427,13 +451,14 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
 	s.metrics.replay(outcome)
 	if outcome == ReplayOK {
 		s.log.Info("sequence gap repaired by replay", "from", from, "to", upTo-1, "applied", t.next-from)
-		return
+		return true
 	}
 	s.log.Warn("sequence gap not repairable; clearing the replica", "from", t.next, "to", upTo-1, "outcome", outcome)
 	s.proc.Reset(time.Now().UnixMicro())
 	s.changes++
 	t.next, t.historyFrom = upTo, upTo
 	s.extendable = false // the engine's buffer does not reach back past upTo
+	return true
 }
 
 var errReplayHole = errors.New("kvevents: replay does not cover the gap")
@@ -464,6 +489,13 @@ func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) {
 	if i < len(s.batch.Events) {
 		if s.recoverHistory(ctx) {
 			return // the rebuilt index includes this batch
+		}
+		if ctx.Err() != nil {
+			// Shutdown interrupted the recovery: the batch is half
+			// applied, so keep the saved state, which the next start
+			// replays from.
+			s.keepSaved = true
+			return
 		}
 		s.proc.applyFrom(&s.batch, i, false)
 	}

@@ -122,6 +122,17 @@ func (s *Subscriber) syncOnce(ctx context.Context) syncResult {
 	s.replaying = false
 	cancel()
 
+	if err != nil && ctx.Err() != nil {
+		// Shutdown, not an answer from the engine: nothing is concluded
+		// or forwarded. Batches applied so far changed the index without
+		// their outcome being sent, so the state file is left as last
+		// saved; the next start syncs from there.
+		if applied > 0 {
+			s.keepSaved = true
+		}
+		s.log.Info("shutdown during the replay sync; the next start syncs again", "from", from, "applied", applied)
+		return syncFailed
+	}
 	switch {
 	case errors.Is(err, errSyncRestarted), verify && err == nil && n == 0:
 		s.metrics.replay(ReplayOK)
@@ -228,6 +239,9 @@ func (s *Subscriber) recoverHistory(ctx context.Context) bool {
 	})
 	s.replaying = false
 	cancel()
+	if err != nil && ctx.Err() != nil {
+		return false // shutdown; the caller keeps the saved state
+	}
 	switch {
 	case errors.Is(err, errNoFurther):
 		s.extendable = false
