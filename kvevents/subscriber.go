@@ -520,15 +520,34 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 			}
 		}
 		first = false
-		sock := zmq4.NewSub(ctx, zmq4.WithLogger(zmqLogger), zmq4.WithDialerMaxRetries(0),
+		refusal := &frameRefusal{}
+		sock := zmq4.NewSub(withFrameRefusal(ctx, refusal), zmq4.WithLogger(zmqLogger), zmq4.WithDialerMaxRetries(0),
 			zmq4.WithDialerTimeout(s.cfg.ReconnectBackoff))
-		if err := sock.Dial(s.cfg.Endpoint); err != nil {
-			s.log.Debug("cannot dial engine; retrying", "endpoint", s.cfg.Endpoint, "err", err)
+		// A refused frame closes the connection; whatever zmq4 call comes
+		// next fails with "closed connection", so the refusal is logged as
+		// the reason.
+		lost := func(what string, err error) {
+			if r := refusal.Err(); r != nil {
+				s.log.Warn("the engine's ZMTP frame is over the limit; dropping the connection and dialing again",
+					"endpoint", s.cfg.Endpoint, "err", r)
+				return
+			}
+			switch what {
+			case "dial":
+				s.log.Debug("cannot dial engine; retrying", "endpoint", s.cfg.Endpoint, "err", err)
+			case "subscribe":
+				s.log.Warn("cannot subscribe; retrying", "topic", s.cfg.Topic, "err", err)
+			default:
+				s.log.Info("engine connection lost; reconnecting", "err", err)
+			}
+		}
+		if err := sock.Dial(limitedEndpoint(s.cfg.Endpoint)); err != nil {
+			lost("dial", err)
 			_ = sock.Close()
 			continue
 		}
 		if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-			s.log.Warn("cannot subscribe; retrying", "topic", s.cfg.Topic, "err", err)
+			lost("subscribe", err)
 			_ = sock.Close()
 			continue
 		}
@@ -542,7 +561,7 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 			msg, err := sock.Recv()
 			if err != nil {
 				if ctx.Err() == nil {
-					s.log.Info("engine connection lost; reconnecting", "err", err)
+					lost("recv", err)
 				}
 				break
 			}
