@@ -357,7 +357,14 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 		return
 	}
 	if !hasSeq {
-		s.apply(ctx, payload, false)
+		if !s.apply(ctx, payload, false) {
+			// Without a sequence number nothing can replay it: the
+			// replica is cleared, as for an unrepairable gap.
+			s.log.Warn("undecodable batch without a sequence number; clearing the replica")
+			s.proc.Reset(time.Now().UnixMicro())
+			s.changes++
+			s.extendable = false
+		}
 		return
 	}
 	t := &s.seq
@@ -392,9 +399,18 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 			return // the replay went past it
 		}
 	}
+	prevSum := t.lastSum
 	t.next = seq + 1
 	t.lastSum = payloadSum(payload)
-	s.apply(ctx, payload, true)
+	if !s.apply(ctx, payload, true) {
+		// A batch that does not decode is a batch not received: a gap of
+		// one, repaired from the replay or, when its copy there does not
+		// decode either (the same bytes), cleared. Skipping it would keep
+		// blocks its events may have removed, re-reported by every
+		// refresh.
+		t.next, t.lastSum = seq, prevSum
+		s.recover(ctx, seq+1)
+	}
 }
 
 // recover fills [next, upTo) from the engine's replay endpoint. When it
@@ -420,9 +436,14 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) bool {
 			case seq > t.next:
 				return errReplayHole
 			}
+			prevSum := t.lastSum
 			t.next++
 			t.lastSum = payloadSum(payload)
-			s.apply(ctx, payload, true)
+			if !s.apply(ctx, payload, true) {
+				t.next--
+				t.lastSum = prevSum
+				return errReplayUndecodable
+			}
 			return nil
 		})
 		s.replaying = false
@@ -438,6 +459,8 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) bool {
 			// nothing.
 		case errors.Is(err, errReplayHole):
 			outcome = ReplayIncomplete
+		case errors.Is(err, errReplayUndecodable):
+			outcome = ReplayError
 		case errors.Is(err, ErrReplayTimeout):
 			outcome = ReplayTimeout
 		case errors.Is(err, ErrReplayUnavailable):
@@ -461,7 +484,10 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) bool {
 	return true
 }
 
-var errReplayHole = errors.New("kvevents: replay does not cover the gap")
+var (
+	errReplayHole        = errors.New("kvevents: replay does not cover the gap")
+	errReplayUndecodable = errors.New("kvevents: a replayed batch does not decode")
+)
 
 // engineRestarted clears the replica after evidence that the engine
 // restarted (its cache is gone): ALL_CLEARED, an empty index, no history.
@@ -477,34 +503,37 @@ func (s *Subscriber) engineRestarted(why string, seq uint64) {
 // apply decodes and applies one batch. For a batch of the sequenced stream
 // (tracked) whose BlockStored names a parent the index does not know, it
 // first tries to extend the index's history (recoverHistory); the event is
-// dropped and counted only if that does not resolve it.
-func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) {
+// dropped and counted only if that does not resolve it. It returns false,
+// having changed nothing, when the batch does not decode (counted and
+// logged): the caller treats that as a lost batch.
+func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) bool {
 	if err := s.dec.Decode(payload, &s.batch); err != nil {
 		s.dropBatch(err)
-		return
+		return false
 	}
 	s.metrics.batchDecoded()
 	s.changes++
 	i := s.proc.applyFrom(&s.batch, 0, tracked && s.canRecover())
 	if i < len(s.batch.Events) {
 		if s.recoverHistory(ctx) {
-			return // the rebuilt index includes this batch
+			return true // the rebuilt index includes this batch
 		}
 		if ctx.Err() != nil {
 			// Shutdown interrupted the recovery: the batch is half
 			// applied, so keep the saved state, which the next start
 			// replays from.
 			s.keepSaved = true
-			return
+			return true
 		}
 		s.proc.applyFrom(&s.batch, i, false)
 	}
+	return true
 }
 
 func (s *Subscriber) dropBatch(err error) {
 	reason := DecodeReason(err)
 	s.metrics.batchDropped(reason)
-	s.log.Warn("skipping undecodable event batch", "reason", reason, "err", err)
+	s.log.Warn("undecodable event batch", "reason", reason, "err", err)
 }
 
 // receive dials the engine's PUB endpoint and passes messages to out,

@@ -112,7 +112,14 @@ func (s *Subscriber) syncOnce(ctx context.Context) syncResult {
 		t.next, t.lastSum = seq+1, sum
 		s.changes++
 		if err := s.rdec.Decode(payload, &s.rbatch); err != nil {
+			// A batch this replay cannot deliver: what the index holds
+			// may have been removed in it. Clear and rebuild from the
+			// batches after it (the collector sends ALL_CLEARED first).
 			s.dropBatch(err)
+			s.log.Warn("undecodable batch in the replay; clearing the replica and rebuilding from the batches after it", "seq", seq)
+			proc.Reset(0)
+			t.historyFrom = seq + 1
+			s.extendable = false
 			return nil
 		}
 		s.metrics.batchDecoded()
@@ -231,7 +238,10 @@ func (s *Subscriber) recoverHistory(ctx context.Context) bool {
 		n++
 		last, lastSum = seq, payloadSum(payload)
 		if err := s.rdec.Decode(payload, &s.rbatch); err != nil {
+			// As in a sync: the rebuilt history restarts after it.
 			s.dropBatch(err)
+			proc.Reset(0)
+			first = seq + 1
 			return nil
 		}
 		proc.Apply(&s.rbatch)
@@ -241,6 +251,9 @@ func (s *Subscriber) recoverHistory(ctx context.Context) bool {
 	cancel()
 	if err != nil && ctx.Err() != nil {
 		return false // shutdown; the caller keeps the saved state
+	}
+	if err == nil && n > 0 && first >= t.historyFrom {
+		err = errNoFurther // an undecodable batch restarted the rebuild at or past the index's history
 	}
 	switch {
 	case errors.Is(err, errNoFurther):
