@@ -62,9 +62,9 @@ func TestReconnectDuringSyncIsNotARestart(t *testing.T) {
 	}
 }
 
-// TestSyncEvictionsKeepBufferedExact: a sync's evictions (a snapshot op,
-// never counted in the buffered total) that fail part-way do not drive the
-// total negative.
+// TestSyncEvictionsKeepBufferedExact: a sync's evictions that fail
+// part-way keep the buffered total exact (it once went negative, when they
+// were not counted in it).
 func TestSyncEvictionsKeepBufferedExact(t *testing.T) {
 	s := &recSink{}
 	var n int
