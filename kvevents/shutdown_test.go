@@ -2,7 +2,11 @@ package kvevents
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -132,4 +136,32 @@ func TestShutdownDuringConnectSyncKeepsState(t *testing.T) {
 	if n := r2.clears(); n != 0 {
 		t.Fatalf("the next start sent ALL_CLEARED %d times", n)
 	}
+}
+
+// TestStaleStateTempFilesRemovedAtStart: a crash during a state write
+// leaves its temporary file (.<name>.tmp-<digits>) behind; the next start
+// removes them, and only them.
+func TestStaleStateTempFilesRemovedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state")
+	stale := []string{".state.tmp-123", ".state.tmp-4294967295"}
+	kept := []string{".state.tmp-", ".state.tmp-12x", ".other.tmp-1", "state.bak", ".state.tmp"}
+	for _, name := range append(slices.Clone(stale), kept...) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("partial"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub := newEngine(t, 100)
+	r := runSub(t, pub, func(c *Config) { c.StateFile = path })
+	for _, name := range stale {
+		if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("stale temporary state file %s still there (err %v)", name, err)
+		}
+	}
+	for _, name := range kept {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Fatalf("%s was removed: %v", name, err)
+		}
+	}
+	r.stop()
 }

@@ -286,6 +286,15 @@ func (s *Subscriber) loadState() {
 	if s.cfg.StateFile == "" {
 		return
 	}
+	// A crash during a write leaves its temporary file; nothing else
+	// removes it.
+	removed, err := RemoveStaleStateTemps(s.cfg.StateFile)
+	if len(removed) > 0 {
+		s.log.Info("removed temporary state files a crash left", "files", removed)
+	}
+	if err != nil {
+		s.log.Warn("cannot remove stale temporary state files", "err", err)
+	}
 	st, err := ReadStateFile(s.cfg.StateFile, s.cfg.MaxIndexBlocks)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
