@@ -54,6 +54,9 @@ type Config struct {
 	MetricsURL string
 	// QueuedTokensMetric is StatsScraper.QueuedTokensMetric.
 	QueuedTokensMetric string
+	// MetricsRankLabel and MetricsRank are StatsScraper.RankLabel and Rank:
+	// set (DataParallel.Config) for one rank of a data-parallel engine.
+	MetricsRankLabel, MetricsRank string
 	// CacheSizeBytes scales the engine's cache usage into
 	// ReplicaStats.cache_memory_bytes.
 	CacheSizeBytes int64
@@ -608,7 +611,8 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 
 // scrapeLoop sends engine stats every StatsInterval.
 func (s *Subscriber) scrapeLoop(ctx context.Context) {
-	sc := &StatsScraper{URL: s.cfg.MetricsURL, CacheSizeBytes: s.cfg.CacheSizeBytes, ClientVersion: ClientVersion, QueuedTokensMetric: s.cfg.QueuedTokensMetric}
+	sc := &StatsScraper{URL: s.cfg.MetricsURL, CacheSizeBytes: s.cfg.CacheSizeBytes, ClientVersion: ClientVersion,
+		QueuedTokensMetric: s.cfg.QueuedTokensMetric, RankLabel: s.cfg.MetricsRankLabel, Rank: s.cfg.MetricsRank}
 	tick := time.NewTicker(s.cfg.StatsInterval)
 	defer tick.Stop()
 	for {
