@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 	"github.com/inferencecache/inferencecache/rpc"
 )
 
@@ -51,7 +52,7 @@ func TestForwarderRereportsWhenServerChanges(t *testing.T) {
 	cfg.Metrics = m
 	f := NewForwarder(cfg, s, idx)
 	p := NewProcessor(idx, f, false, nil, nil)
-	p.Apply(&Batch{TS: 1, Events: []Event{*stored([]uint64{1, 2}, nil, toks(32, 0), 16)}})
+	p.Apply(&wire.Batch{TS: 1, Events: []wire.Event{*stored([]uint64{1, 2}, nil, toks(32, 0), 16)}})
 	startForwarder(t, f)
 	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -62,7 +63,7 @@ func TestForwarderRereportsWhenServerChanges(t *testing.T) {
 	// The server restarted: the next call reveals it (here the flush of a
 	// new add); the re-report follows it.
 	s.bump(RereportServerRestart)
-	p.Apply(&Batch{TS: 2, Events: []Event{*stored([]uint64{3}, ptr(uint64(2)), toks(16, 32), 16)}})
+	p.Apply(&wire.Batch{TS: 2, Events: []wire.Event{*stored([]uint64{3}, ptr(uint64(2)), toks(16, 32), 16)}})
 	k3 := idx.AppendSnapshot(nil)[0].Key
 	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -97,7 +98,7 @@ func TestForwarderHeartbeat(t *testing.T) {
 	cfg.Window = 5 * time.Millisecond
 	cfg.Heartbeat = 80 * time.Millisecond
 	f := NewForwarder(cfg, s, idx)
-	NewProcessor(idx, f, false, nil, nil).Apply(&Batch{TS: 1, Events: []Event{*stored([]uint64{1}, nil, toks(16, 0), 16)}})
+	NewProcessor(idx, f, false, nil, nil).Apply(&wire.Batch{TS: 1, Events: []wire.Event{*stored([]uint64{1}, nil, toks(16, 0), 16)}})
 	startForwarder(t, f)
 
 	beats := func() int {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 // Subscriber defaults (contract §6 and §7.1).
@@ -169,12 +171,12 @@ type Subscriber struct {
 	connNow atomic.Uint64
 
 	// Owned by the Run goroutine.
-	dec   *Decoder
-	batch Batch
+	dec   *wire.Decoder
+	batch wire.Batch
 	// rdec and rbatch decode replayed batches of a sync or a recovery,
 	// which can run while batch is still in use.
-	rdec   *Decoder
-	rbatch Batch
+	rdec   *wire.Decoder
+	rbatch wire.Batch
 	seq    seqTracker
 	// synced is set by the first sync (or, without a replay endpoint, the
 	// startup re-report): the loaded state has been re-reported.
@@ -263,8 +265,8 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 		idx:     idx,
 		fwd:     fwd,
 		proc:    NewProcessor(idx, fwd, cfg.L2, cfg.Logger, m),
-		dec:     NewDecoder(),
-		rdec:    NewDecoder(),
+		dec:     wire.NewDecoder(),
+		rdec:    wire.NewDecoder(),
 	}, nil
 }
 
@@ -354,7 +356,7 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 		s.connects.Add(1)
 		return
 	}
-	seq, hasSeq, payload, err := ParseMessage(msg.frames)
+	seq, hasSeq, payload, err := wire.ParseMessage(msg.frames)
 	if err != nil {
 		s.dropBatch(err)
 		return
@@ -534,7 +536,7 @@ func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) bo
 }
 
 func (s *Subscriber) dropBatch(err error) {
-	reason := DecodeReason(err)
+	reason := wire.DecodeReason(err)
 	s.metrics.batchDropped(reason)
 	s.log.Warn("undecodable event batch", "reason", reason, "err", err)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 // undecodable is a payload no decoder accepts (msgpack's never-used byte):
@@ -91,7 +92,7 @@ func TestUndecodableLiveBatchIsAGap(t *testing.T) {
 			}
 			checkAgrees(t, r)
 			var dropped float64
-			for _, reason := range []string{ReasonTruncated, ReasonEnvelope, ReasonEvent, ReasonFieldType, ReasonTooLarge, ReasonTrailing} {
+			for _, reason := range []string{wire.ReasonTruncated, wire.ReasonEnvelope, wire.ReasonEvent, wire.ReasonFieldType, wire.ReasonTooLarge, wire.ReasonTrailing} {
 				dropped += counter(t, r.metrics.batchesDropped.WithLabelValues(reason))
 			}
 			if dropped == 0 {

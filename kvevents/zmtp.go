@@ -10,6 +10,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
+
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 // zmq4 (v0.17.0) allocates every frame at the length its peer declares
@@ -26,7 +28,7 @@ import (
 const (
 	// MaxZMTPFrameBytes bounds one frame: the payload limit of the decoder,
 	// which rejects anything larger anyway.
-	MaxZMTPFrameBytes = DefaultMaxPayloadBytes
+	MaxZMTPFrameBytes = wire.DefaultMaxPayloadBytes
 	// MaxZMTPMessageBytes bounds one message, all its frames: a payload at
 	// the limit plus room for the topic, sequence and delimiter frames.
 	MaxZMTPMessageBytes = MaxZMTPFrameBytes + 64<<10
