@@ -130,7 +130,9 @@ func TestShutdownDuringConnectSyncKeepsState(t *testing.T) {
 			st.Next, len(st.Entries), saved.Next, len(saved.Entries))
 	}
 
-	r2 := runSub(t, pub, quick)
+	// This replay also ends by its timeout (no end marker): give it time
+	// to deliver the batches on a loaded machine.
+	r2 := runSub(t, pub, func(c *Config) { c.StateFile = path; c.ReplayTimeout = 3 * time.Second })
 	r2.settle(t, last+1)
 	checkMatches(t, r2, w)
 	if n := r2.clears(); n != 0 {
