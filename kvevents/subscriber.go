@@ -11,6 +11,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 // Subscriber defaults (contract §6 and §7.1).
@@ -54,6 +56,9 @@ type Config struct {
 	MetricsURL string
 	// QueuedTokensMetric is StatsScraper.QueuedTokensMetric.
 	QueuedTokensMetric string
+	// MetricsRankLabel and MetricsRank are StatsScraper.RankLabel and Rank:
+	// set (DataParallel.Config) for one rank of a data-parallel engine.
+	MetricsRankLabel, MetricsRank string
 	// CacheSizeBytes scales the engine's cache usage into
 	// ReplicaStats.cache_memory_bytes.
 	CacheSizeBytes int64
@@ -166,12 +171,12 @@ type Subscriber struct {
 	connNow atomic.Uint64
 
 	// Owned by the Run goroutine.
-	dec   *Decoder
-	batch Batch
+	dec   *wire.Decoder
+	batch wire.Batch
 	// rdec and rbatch decode replayed batches of a sync or a recovery,
 	// which can run while batch is still in use.
-	rdec   *Decoder
-	rbatch Batch
+	rdec   *wire.Decoder
+	rbatch wire.Batch
 	seq    seqTracker
 	// synced is set by the first sync (or, without a replay endpoint, the
 	// startup re-report): the loaded state has been re-reported.
@@ -187,6 +192,11 @@ type Subscriber struct {
 	// changes counts changes of the index or seq; the state is written
 	// when it differs from saved.
 	changes, saved uint64
+	// keepSaved is set when a shutdown interrupted a sync or a history
+	// recovery: the index then holds replayed batches whose outcome was
+	// never forwarded, so the state file is left as last saved and the
+	// next start replays from there.
+	keepSaved bool
 }
 
 // seqTracker follows the sequence numbers of one endpoint.
@@ -255,8 +265,8 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 		idx:     idx,
 		fwd:     fwd,
 		proc:    NewProcessor(idx, fwd, cfg.L2, cfg.Logger, m),
-		dec:     NewDecoder(),
-		rdec:    NewDecoder(),
+		dec:     wire.NewDecoder(),
+		rdec:    wire.NewDecoder(),
 	}, nil
 }
 
@@ -327,8 +337,13 @@ loop:
 	}
 	if w != nil {
 		w.close() // waits for a write in progress
-		if data := s.encodeState(w.failed.Load()); data != nil {
-			w.write(data)
+		switch {
+		case s.keepSaved:
+			s.log.Info("shutdown interrupted a replay sync; the state file stays as last saved", "path", s.cfg.StateFile)
+		default:
+			if data := s.encodeState(w.failed.Load()); data != nil {
+				w.write(data)
+			}
 		}
 	}
 	return flushErr
@@ -341,13 +356,20 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 		s.connects.Add(1)
 		return
 	}
-	seq, hasSeq, payload, err := ParseMessage(msg.frames)
+	seq, hasSeq, payload, err := wire.ParseMessage(msg.frames)
 	if err != nil {
 		s.dropBatch(err)
 		return
 	}
 	if !hasSeq {
-		s.apply(ctx, payload, false)
+		if !s.apply(ctx, payload, false) {
+			// Without a sequence number nothing can replay it: the
+			// replica is cleared, as for an unrepairable gap.
+			s.log.Warn("undecodable batch without a sequence number; clearing the replica")
+			s.proc.Reset(time.Now().UnixMicro())
+			s.changes++
+			s.extendable = false
+		}
 		return
 	}
 	t := &s.seq
@@ -363,28 +385,47 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 		// take the new engine's batches before this one from its replay.
 		s.engineRestarted("its sequence went back on a new connection", seq)
 		t.started = true
-		if seq > 0 {
-			s.recover(ctx, seq)
+		if seq > 0 && !s.recover(ctx, seq) {
+			// Shutdown: what the new engine's replay delivered so far is
+			// applied; without any of it there is no history to verify,
+			// and the next start syncs from the new engine's oldest batch.
+			t.started = t.next > 0
+			return
 		}
 	case seq < t.next:
 		// Late (reordered) or already applied from a replay.
 		return
 	case seq > t.next:
 		s.metrics.gap()
-		s.recover(ctx, seq)
+		if !s.recover(ctx, seq) {
+			return // shutdown: the gap is left to the next start
+		}
 		if seq < t.next {
 			return // the replay went past it
 		}
 	}
+	prevSum := t.lastSum
 	t.next = seq + 1
 	t.lastSum = payloadSum(payload)
-	s.apply(ctx, payload, true)
+	if !s.apply(ctx, payload, true) {
+		// A batch that does not decode is a batch not received: a gap of
+		// one, repaired from the replay or, when its copy there does not
+		// decode either (the same bytes), cleared. Skipping it would keep
+		// blocks its events may have removed, re-reported by every
+		// refresh.
+		t.next, t.lastSum = seq, prevSum
+		s.recover(ctx, seq+1)
+	}
 }
 
 // recover fills [next, upTo) from the engine's replay endpoint. When it
 // cannot, the replica is reset: ALL_CLEARED and an empty positional index,
-// so the server keeps nothing the subscriber cannot vouch for.
-func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
+// so the server keeps nothing the subscriber cannot vouch for. It returns
+// false when ctx ended (shutdown) before the gap was filled: that proves
+// nothing about the engine, so nothing is reset; next stays at the first
+// batch still missing (the state file says so) and the next start's sync
+// replays from there.
+func (s *Subscriber) recover(ctx context.Context, upTo uint64) bool {
 	t := &s.seq
 	from := t.next
 	outcome := ReplayOK
@@ -400,13 +441,22 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
 			case seq > t.next:
 				return errReplayHole
 			}
+			prevSum := t.lastSum
 			t.next++
 			t.lastSum = payloadSum(payload)
-			s.apply(ctx, payload, true)
+			if !s.apply(ctx, payload, true) {
+				t.next--
+				t.lastSum = prevSum
+				return errReplayUndecodable
+			}
 			return nil
 		})
 		s.replaying = false
 		cancel()
+		if t.next < upTo && err != nil && ctx.Err() != nil {
+			s.log.Info("shutdown during a gap replay; leaving the gap to the next start", "from", t.next, "to", upTo-1)
+			return false
+		}
 		switch {
 		case t.next >= upTo:
 			// Every missing batch was applied; what went wrong after that
@@ -414,6 +464,8 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
 			// nothing.
 		case errors.Is(err, errReplayHole):
 			outcome = ReplayIncomplete
+		case errors.Is(err, errReplayUndecodable):
+			outcome = ReplayError
 		case errors.Is(err, ErrReplayTimeout):
 			outcome = ReplayTimeout
 		case errors.Is(err, ErrReplayUnavailable):
@@ -427,16 +479,20 @@ func (s *Subscriber) recover(ctx context.Context, upTo uint64) {
 	s.metrics.replay(outcome)
 	if outcome == ReplayOK {
 		s.log.Info("sequence gap repaired by replay", "from", from, "to", upTo-1, "applied", t.next-from)
-		return
+		return true
 	}
 	s.log.Warn("sequence gap not repairable; clearing the replica", "from", t.next, "to", upTo-1, "outcome", outcome)
 	s.proc.Reset(time.Now().UnixMicro())
 	s.changes++
 	t.next, t.historyFrom = upTo, upTo
 	s.extendable = false // the engine's buffer does not reach back past upTo
+	return true
 }
 
-var errReplayHole = errors.New("kvevents: replay does not cover the gap")
+var (
+	errReplayHole        = errors.New("kvevents: replay does not cover the gap")
+	errReplayUndecodable = errors.New("kvevents: a replayed batch does not decode")
+)
 
 // engineRestarted clears the replica after evidence that the engine
 // restarted (its cache is gone): ALL_CLEARED, an empty index, no history.
@@ -452,27 +508,37 @@ func (s *Subscriber) engineRestarted(why string, seq uint64) {
 // apply decodes and applies one batch. For a batch of the sequenced stream
 // (tracked) whose BlockStored names a parent the index does not know, it
 // first tries to extend the index's history (recoverHistory); the event is
-// dropped and counted only if that does not resolve it.
-func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) {
+// dropped and counted only if that does not resolve it. It returns false,
+// having changed nothing, when the batch does not decode (counted and
+// logged): the caller treats that as a lost batch.
+func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) bool {
 	if err := s.dec.Decode(payload, &s.batch); err != nil {
 		s.dropBatch(err)
-		return
+		return false
 	}
 	s.metrics.batchDecoded()
 	s.changes++
 	i := s.proc.applyFrom(&s.batch, 0, tracked && s.canRecover())
 	if i < len(s.batch.Events) {
 		if s.recoverHistory(ctx) {
-			return // the rebuilt index includes this batch
+			return true // the rebuilt index includes this batch
+		}
+		if ctx.Err() != nil {
+			// Shutdown interrupted the recovery: the batch is half
+			// applied, so keep the saved state, which the next start
+			// replays from.
+			s.keepSaved = true
+			return true
 		}
 		s.proc.applyFrom(&s.batch, i, false)
 	}
+	return true
 }
 
 func (s *Subscriber) dropBatch(err error) {
-	reason := DecodeReason(err)
+	reason := wire.DecodeReason(err)
 	s.metrics.batchDropped(reason)
-	s.log.Warn("skipping undecodable event batch", "reason", reason, "err", err)
+	s.log.Warn("undecodable event batch", "reason", reason, "err", err)
 }
 
 // receive dials the engine's PUB endpoint and passes messages to out,
@@ -488,15 +554,34 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 			}
 		}
 		first = false
-		sock := zmq4.NewSub(ctx, zmq4.WithLogger(zmqLogger), zmq4.WithDialerMaxRetries(0),
+		refusal := &frameRefusal{}
+		sock := zmq4.NewSub(withFrameRefusal(ctx, refusal), zmq4.WithLogger(zmqLogger), zmq4.WithDialerMaxRetries(0),
 			zmq4.WithDialerTimeout(s.cfg.ReconnectBackoff))
-		if err := sock.Dial(s.cfg.Endpoint); err != nil {
-			s.log.Debug("cannot dial engine; retrying", "endpoint", s.cfg.Endpoint, "err", err)
+		// A refused frame closes the connection; whatever zmq4 call comes
+		// next fails with "closed connection", so the refusal is logged as
+		// the reason.
+		lost := func(what string, err error) {
+			if r := refusal.Err(); r != nil {
+				s.log.Warn("the engine's ZMTP frame is over the limit; dropping the connection and dialing again",
+					"endpoint", s.cfg.Endpoint, "err", r)
+				return
+			}
+			switch what {
+			case "dial":
+				s.log.Debug("cannot dial engine; retrying", "endpoint", s.cfg.Endpoint, "err", err)
+			case "subscribe":
+				s.log.Warn("cannot subscribe; retrying", "topic", s.cfg.Topic, "err", err)
+			default:
+				s.log.Info("engine connection lost; reconnecting", "err", err)
+			}
+		}
+		if err := sock.Dial(limitedEndpoint(s.cfg.Endpoint)); err != nil {
+			lost("dial", err)
 			_ = sock.Close()
 			continue
 		}
 		if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-			s.log.Warn("cannot subscribe; retrying", "topic", s.cfg.Topic, "err", err)
+			lost("subscribe", err)
 			_ = sock.Close()
 			continue
 		}
@@ -510,7 +595,7 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 			msg, err := sock.Recv()
 			if err != nil {
 				if ctx.Err() == nil {
-					s.log.Info("engine connection lost; reconnecting", "err", err)
+					lost("recv", err)
 				}
 				break
 			}
@@ -528,7 +613,8 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 
 // scrapeLoop sends engine stats every StatsInterval.
 func (s *Subscriber) scrapeLoop(ctx context.Context) {
-	sc := &StatsScraper{URL: s.cfg.MetricsURL, CacheSizeBytes: s.cfg.CacheSizeBytes, ClientVersion: ClientVersion, QueuedTokensMetric: s.cfg.QueuedTokensMetric}
+	sc := &StatsScraper{URL: s.cfg.MetricsURL, CacheSizeBytes: s.cfg.CacheSizeBytes, ClientVersion: ClientVersion,
+		QueuedTokensMetric: s.cfg.QueuedTokensMetric, RankLabel: s.cfg.MetricsRankLabel, Rank: s.cfg.MetricsRank}
 	tick := time.NewTicker(s.cfg.StatsInterval)
 	defer tick.Stop()
 	for {

@@ -16,6 +16,7 @@ import (
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
 	"github.com/inferencecache/inferencecache/kvevents"
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 func sampleBatch() fakeengine.Batch {
@@ -41,8 +42,8 @@ func TestEncodingRoundTrip(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var out kvevents.Batch
-				if err := kvevents.NewDecoder().Decode(payload, &out); err != nil {
+				var out wire.Batch
+				if err := wire.NewDecoder().Decode(payload, &out); err != nil {
 					t.Fatalf("%+v: %v", enc, err)
 				}
 				if out.TS != in.TS || !out.HasDPRank || out.DPRank != 1 || len(out.Events) != len(in.Events) {
@@ -80,8 +81,8 @@ func TestEncodingSGLang(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out kvevents.Batch
-	if err := kvevents.NewDecoder().Decode(payload, &out); err != nil {
+	var out wire.Batch
+	if err := wire.NewDecoder().Decode(payload, &out); err != nil {
 		t.Fatal(err)
 	}
 	if out.TS != in.TS || !out.HasDPRank || out.DPRank != 1 || len(out.Events) != len(in.Events) {
@@ -137,7 +138,7 @@ func TestMooncakeKeysAreStable(t *testing.T) {
 		for _, ev := range b.Events {
 			switch ev.Kind {
 			case fakeengine.BlockStored:
-				kev := &kvevents.Event{Kind: kvevents.KindBlockStored, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, BlockSize: ev.BlockSize}
+				kev := &wire.Event{Kind: wire.KindBlockStored, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, BlockSize: ev.BlockSize}
 				if ev.Parent != nil {
 					kev.ParentHash, kev.HasParent = *ev.Parent, true
 				}
@@ -150,7 +151,7 @@ func TestMooncakeKeysAreStable(t *testing.T) {
 				}
 			case fakeengine.BlockRemoved:
 				evictions += len(ev.BlockHashes)
-				idx.Remove(&kvevents.Event{Kind: kvevents.KindBlockRemoved, BlockHashes: ev.BlockHashes}, false, nil, nil)
+				idx.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: ev.BlockHashes}, false, nil, nil)
 			}
 		}
 		full := min(len(r.HashIDs), r.InputLength/fakeengine.MooncakeBlockSize)
@@ -203,8 +204,8 @@ func TestPublisherReplayRing(t *testing.T) {
 	defer cancel()
 	var seqs []uint64
 	err = kvevents.Replay(ctx, p.ReplayEndpoint(), 3, func(seq uint64, payload []byte) error {
-		var b kvevents.Batch
-		if err := kvevents.NewDecoder().Decode(payload, &b); err != nil {
+		var b wire.Batch
+		if err := wire.NewDecoder().Decode(payload, &b); err != nil {
 			return err
 		}
 		seqs = append(seqs, seq)
