@@ -84,6 +84,7 @@ func run(args []string) error {
 	fs.StringVar(&natsStream.Name, "nats-stream", bus.DefaultStream, "JetStream stream name (and subject prefix)")
 	fs.DurationVar(&natsMaxTTL, "nats-max-ttl", bus.DefaultMaxTTL, "the longest entry TTL of any tenant; the stream keeps messages for it plus --refresh-interval")
 	fs.DurationVar(&natsStream.MaxAge, "nats-stream-max-age", 0, "stream retention; 0: --nats-max-ttl + --refresh-interval (the window a restarted server replays)")
+	fs.Int64Var(&natsStream.MaxBytes, "nats-stream-max-bytes", bus.DefaultMaxBytes, "the stream's byte bound: beyond it the oldest reports are discarded first, which shortens the window a restarted server replays (docs/scaleout.md)")
 	fs.IntVar(&natsStream.Replicas, "nats-stream-replicas", 1, "stream replicas in a NATS cluster (1 to 5)")
 	fs.IntVar(&natsMaxPnd, "nats-max-pending", bus.DefaultMaxPending, "publishes awaiting their JetStream ack at most")
 	fs.StringVar(&metricsAdr, "metrics-bind-address", ":9091", "address of the subscriber's own /metrics (empty: off)")

@@ -38,19 +38,20 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"unknown flag":     {[]string{"--nope"}, "flag provided but not defined"},
-		"stray argument":   {[]string{"--insecure-disable-auth", "x"}, "unexpected arguments"},
-		"bad log format":   {[]string{"--insecure-disable-auth", "--log-format", "xml"}, "--log-format"},
-		"bad log level":    {[]string{"--insecure-disable-auth", "--log-level", "loud"}, "--log-level"},
-		"cert without key": {[]string{"--insecure-disable-auth", "--tls-cert-file", "/tmp/x.crt"}, "--tls-cert-file and --tls-key-file must be set together"},
-		"no identity":      {nil, "--allowed-controller-sa is required"},
-		"padded audience":  {[]string{"--insecure-disable-auth", "--policy-audience", "inferencecache.io/policy "}, "surrounding whitespace"},
-		"empty audience":   {[]string{"--insecure-disable-auth", "--controller-audience", ""}, "must not be empty"},
-		"bad block size":   {[]string{"--insecure-disable-auth", "--engine-block-size", "0"}, "--engine-block-size"},
-		"shared model":     {[]string{"--insecure-disable-auth", "--metrics-models", "llama,__other__"}, "--metrics-models"},
-		"negative grace":   {[]string{"--insecure-disable-auth", "--metrics-model-grace", "-1s"}, "--metrics-model-grace"},
-		"bad NATS stream":  {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-stream", "a.b"}, "stream name"},
-		"negative lag":     {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-ready-lag", "-1"}, "--nats-ready-lag"},
+		"unknown flag":             {[]string{"--nope"}, "flag provided but not defined"},
+		"stray argument":           {[]string{"--insecure-disable-auth", "x"}, "unexpected arguments"},
+		"bad log format":           {[]string{"--insecure-disable-auth", "--log-format", "xml"}, "--log-format"},
+		"bad log level":            {[]string{"--insecure-disable-auth", "--log-level", "loud"}, "--log-level"},
+		"cert without key":         {[]string{"--insecure-disable-auth", "--tls-cert-file", "/tmp/x.crt"}, "--tls-cert-file and --tls-key-file must be set together"},
+		"no identity":              {nil, "--allowed-controller-sa is required"},
+		"padded audience":          {[]string{"--insecure-disable-auth", "--policy-audience", "inferencecache.io/policy "}, "surrounding whitespace"},
+		"empty audience":           {[]string{"--insecure-disable-auth", "--controller-audience", ""}, "must not be empty"},
+		"bad block size":           {[]string{"--insecure-disable-auth", "--engine-block-size", "0"}, "--engine-block-size"},
+		"shared model":             {[]string{"--insecure-disable-auth", "--metrics-models", "llama,__other__"}, "--metrics-models"},
+		"negative grace":           {[]string{"--insecure-disable-auth", "--metrics-model-grace", "-1s"}, "--metrics-model-grace"},
+		"bad NATS stream":          {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-stream", "a.b"}, "stream name"},
+		"negative lag":             {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-ready-lag", "-1"}, "--nats-ready-lag"},
+		"negative NATS byte bound": {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-stream-max-bytes", "-1"}, "max bytes"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
