@@ -15,7 +15,8 @@ import (
 // CHAOS_DURATION (a Go duration) and CHAOS_SEED override; -short skips it.
 // It fails on any mismatch between a server's index and the engines'
 // truth, a lookup no server answered, a process that grew without bound or
-// one that crashed. The work directory (logs, stores) is kept on failure.
+// one that crashed. The work directory (logs, stores) is kept on failure,
+// or always with CHAOS_KEEP=1.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the chaos run takes over a minute; skipped with -short")
@@ -62,5 +63,9 @@ func TestChaos(t *testing.T) {
 		}
 		t.Fatalf("rerun with CHAOS_SEED=%d CHAOS_DURATION=%v; logs under %s", rep.Seed, rep.Duration, dir)
 	}
-	_ = os.RemoveAll(dir)
+	if os.Getenv("CHAOS_KEEP") == "" {
+		_ = os.RemoveAll(dir)
+	} else {
+		t.Logf("work directory %s kept (CHAOS_KEEP)", dir)
+	}
 }

@@ -221,11 +221,11 @@ type serverComp struct {
 
 type engineComp struct {
 	*component
-	idx                          int
-	flavor, layout               string
-	pubPort, repPort, statePort  int
-	keys                         atomic.Pointer[[]uint64] // last truth read, for the lookup load
-	replica, model, scheme, seed string
+	idx                         int
+	flavor, layout              string
+	pubPort, repPort, statePort int
+	keys                        atomic.Pointer[[]uint64] // last truth read, for the lookup load
+	replica, model, scheme      string
 }
 
 type subComp struct {
@@ -373,7 +373,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.PeakRSS, rep.PeakGoroutines, rep.Growth = h.growth(began, time.Now())
 	for _, c := range h.all {
 		if n := c.crashes(); n > 0 {
-			rep.Crashes = append(rep.Crashes, fmt.Sprintf("%s %d times (log %s)", c.name, n, c.logPath))
+			rep.Crashes = append(rep.Crashes, fmt.Sprintf("%s %d times (log %s, ending:\n%s)", c.name, n, c.logPath, tail(c.logPath, 2000)))
 		}
 	}
 	rep.Elapsed = time.Since(began)
