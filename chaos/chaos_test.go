@@ -2,6 +2,8 @@ package chaos_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -47,7 +49,7 @@ func TestChaos(t *testing.T) {
 		defer cancel()
 	}
 	built := time.Now()
-	if cfg.Bins, err = chaos.Build(ctx, filepath.Join(dir, "bin")); err != nil {
+	if cfg.Bins, err = chaos.Build(ctx, binDir(dir)); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("binaries built in %v", time.Since(built).Round(time.Millisecond))
@@ -68,4 +70,17 @@ func TestChaos(t *testing.T) {
 	} else {
 		t.Logf("work directory %s kept (CHAOS_KEEP)", dir)
 	}
+}
+
+// binDir is where the binaries are built: a directory of the user's cache
+// per checkout, so that a rerun finds them up to date (go build then only
+// checks them, instead of linking them again: ~20 s), else under dir.
+func binDir(dir string) string {
+	cache, err := os.UserCacheDir()
+	wd, werr := os.Getwd()
+	if err != nil || werr != nil {
+		return filepath.Join(dir, "bin")
+	}
+	sum := sha256.Sum256([]byte(wd))
+	return filepath.Join(cache, "inferencecache-chaos", hex.EncodeToString(sum[:8]))
 }
