@@ -7,6 +7,7 @@ export GOTOOLCHAIN := local
 # module proxy by hack/envtest-assets.sh and cached under ~/.cache.
 ENVTEST_START_TIMEOUT ?= 120s
 TEST_TIMEOUT ?= 45m
+CHAOS_DURATION ?= 3m
 BIN := $(CURDIR)/bin
 # Modules of their own, so their dependencies (go-containerregistry, the
 # Prometheus rule parser) stay out of the main module's; `make test` and
@@ -44,6 +45,10 @@ test: ## Run every test with -race, and the full tokenizer golden checks without
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+
+.PHONY: chaos
+chaos: ## Chaos run (docs/scaleout.md): NATS, 3 servers, 4 fake engines with subscribers as real processes, one SIGKILLed every 5-10 s for CHAOS_DURATION (default 3m; CHAOS_SEED reruns a schedule), then every index checked against the engines' truth. `make test` runs it for 60 s.
+	CHAOS_DURATION=$(CHAOS_DURATION) $(if $(CHAOS_SEED),CHAOS_SEED=$(CHAOS_SEED)) $(GO) test -count=1 -v -timeout 30m -run '^TestChaos$$' ./chaos/
 
 .PHONY: test-short
 test-short: ## Fast tests without -race or envtest (skips what needs them).

@@ -89,6 +89,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&natsStream.Name, "nats-stream", bus.DefaultStream, "JetStream stream name (and subject prefix)")
 	fs.DurationVar(&natsMaxTTL, "nats-max-ttl", bus.DefaultMaxTTL, "the longest entry TTL of any tenant; the stream keeps messages for it plus --refresh-interval")
 	fs.DurationVar(&natsStream.MaxAge, "nats-stream-max-age", 0, "stream retention; 0: --nats-max-ttl + --refresh-interval (the window a restarted server replays)")
+	fs.Int64Var(&natsStream.MaxBytes, "nats-stream-max-bytes", bus.DefaultMaxBytes, "the stream's byte bound: beyond it the oldest reports are discarded first, which shortens the window a restarted server replays (docs/scaleout.md)")
 	fs.IntVar(&natsStream.Replicas, "nats-stream-replicas", 1, "stream replicas in a NATS cluster (1 to 5)")
 	fs.IntVar(&natsMaxPnd, "nats-max-pending", bus.DefaultMaxPending, "publishes awaiting their JetStream ack at most")
 	fs.IntVar(&dp.Size, "data-parallel-size", 1, "data-parallel ranks of the engine (its --data-parallel-size): rank r publishes on the engine endpoints' port + r, is reported as <replica-id>-dp<r> and its stats are its rank's series of --engine-metrics-url; 1: one replica, named --replica-id")

@@ -27,6 +27,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{[]string{"--replica-id", "r", "--model-id", "m", "--state-interval", "0s"}, "--state-interval"},
 		{[]string{"--replica-id", "r", "--model-id", "m", "--nats-url", "nats://127.0.0.1:1", "--nats-stream", "a b"}, "stream name"},
 		{[]string{"--replica-id", "r", "--model-id", "m", "--nats-url", "nats://127.0.0.1:1", "--nats-stream-replicas", "7"}, "replicas"},
+		{[]string{"--replica-id", "r", "--model-id", "m", "--nats-url", "nats://127.0.0.1:1", "--nats-stream-max-bytes", "-1"}, "max bytes"},
 	} {
 		err := run(context.Background(), tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -84,6 +84,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.StringVar(&natsFilters, "nats-filter-subjects", "", "comma-separated subjects this server consumes (a shard, e.g. INFERENCECACHE.<tenant>.*); empty: the whole stream")
 	fs.IntVar(&cfg.NATS.ReadyLag, "nats-ready-lag", bus.DefaultReadyLag, "ready once the stream lag is at most this many messages")
 	fs.DurationVar(&natsMaxTTL, "nats-max-ttl", bus.DefaultMaxTTL, "when the server has to create the stream: the longest tenant TTL (retention = this + 5m, the default refresh interval)")
+	fs.Int64Var(&cfg.NATS.Stream.MaxBytes, "nats-stream-max-bytes", bus.DefaultMaxBytes, "when the server has to create the stream: its byte bound (the oldest reports are discarded first beyond it, docs/scaleout.md); the subscribers' --nats-stream-max-bytes sets it on an existing stream")
 	fs.StringVar(&cfg.Picker.Addr, "ext-proc-bind-address", cfg.Picker.Addr, "endpoint picker (Envoy ext_proc, docs/gateway.md) listen address; on only with --inference-pool or --endpoints-file; \"\" turns it off")
 	fs.StringVar(&cfg.Picker.CertFile, "ext-proc-tls-cert-file", "", "endpoint picker TLS certificate (PEM); set together with --ext-proc-tls-key-file (default: a self-signed certificate made at start)")
 	fs.StringVar(&cfg.Picker.KeyFile, "ext-proc-tls-key-file", "", "endpoint picker TLS private key (PEM); set together with --ext-proc-tls-cert-file")

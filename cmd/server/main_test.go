@@ -61,9 +61,10 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		"bad pool name":    {[]string{"--insecure-disable-auth", "--inference-pool", "just-a-name"}, "NAMESPACE/NAME"},
 		// A source that cannot start fails startup clearly instead of
 		// running a picker with nothing to pick from.
-		"pool without API": {[]string{"--insecure-disable-auth", "--inference-pool", "ns/pool", "--kubeconfig", "/nonexistent/kubeconfig"}, "cannot load --kubeconfig"},
-		"missing file":     {[]string{"--insecure-disable-auth", "--endpoints-file", "/nonexistent/endpoints.yaml"}, "endpoints file"},
-		"ext-proc TLS":     {[]string{"--insecure-disable-auth", "--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext", "--ext-proc-tls-cert-file", "x"}, "exclude each other"},
+		"pool without API":         {[]string{"--insecure-disable-auth", "--inference-pool", "ns/pool", "--kubeconfig", "/nonexistent/kubeconfig"}, "cannot load --kubeconfig"},
+		"missing file":             {[]string{"--insecure-disable-auth", "--endpoints-file", "/nonexistent/endpoints.yaml"}, "endpoints file"},
+		"ext-proc TLS":             {[]string{"--insecure-disable-auth", "--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext", "--ext-proc-tls-cert-file", "x"}, "exclude each other"},
+		"negative NATS byte bound": {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-stream-max-bytes", "-1"}, "max bytes"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
