@@ -18,9 +18,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
@@ -39,6 +42,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Default windows of the CacheBackend reconciler (contract §6).
@@ -206,7 +210,11 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if err := r.Client.List(ctx, &backends, scope...); err != nil {
 		return reconcile.Result{}, fmt.Errorf("cannot list the CacheBackends beside %s: %w", req, err)
 	}
-	m := matchEngines(&b, backends.Items, pods.Items)
+	nsAnn := &namespaceAnnotations{reader: r.Client}
+	m := matchEngines(&b, backends.Items, pods.Items, nsAnn.of(ctx))
+	if nsAnn.err != nil {
+		return reconcile.Result{}, nsAnn.err
+	}
 	st.MatchedEnginePods = ptr(int32(m.claimed))
 	st.EngineSelectorMessage = selectorMessage(&b, m)
 	st.FailOpen = ptr(b.Spec.Integration == nil || b.Spec.Integration.FailOpen == nil || *b.Spec.Integration.FailOpen)
@@ -272,7 +280,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		t2Condition(&b, c)
 		engineCompatibility(&b, pods.Items, c)
-		wait, err := r.cascade(ctx, &b, scope, backends.Items, serverPods(&b, pods.Items), w, now)
+		wait, err := r.cascade(ctx, &b, scope, backends.Items, nsAnn.of(ctx), serverPods(&b, pods.Items), w, now)
 		passErr = err
 		due(wait)
 	}
@@ -309,6 +317,9 @@ type engineMatch struct {
 	// (claim.OptedOut): the controller never wires them, so no backend
 	// claims them.
 	optedOut int
+	// unconsented counts pods b's selector matches in other namespaces that
+	// do not consent to b's (claim.AllowClaimsFromAnnotation).
+	unconsented int
 	// shadowedBy names (<ns>/<name>) one backend that claims pods b's
 	// selector matches.
 	shadowedBy string
@@ -318,8 +329,10 @@ type engineMatch struct {
 // backends (those of b's namespace, and of every namespace when b sets
 // allowCrossNamespace; b included): the rule the pod webhook injects by, so
 // matchedEnginePods counts the pods a creation would wire to b (not those
-// that opted out of injection). An empty selector claims none.
-func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pods []corev1.Pod) engineMatch {
+// that opted out of injection, nor those of a namespace that does not
+// consent). nsAnnotations returns a Namespace's annotations. An empty
+// selector claims none.
+func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pods []corev1.Pod, nsAnnotations func(string) map[string]string) engineMatch {
 	var m engineMatch
 	for i := range pods {
 		p := &pods[i]
@@ -333,7 +346,16 @@ func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, po
 			m.optedOut++
 			continue
 		}
-		if o := claim.Owner(backends, p.Namespace, p.Labels, p.Annotations); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
+		pod := claim.Pod{Namespace: p.Namespace, Labels: p.Labels, Annotations: p.Annotations}
+		if p.Namespace != b.Namespace {
+			if pod.NamespaceAnnotations = nsAnnotations(p.Namespace); !claim.Reaches(b, pod) {
+				if claim.Claimant(backends, p.Namespace, p.Labels, p.Annotations) == nil {
+					m.unconsented++
+				}
+				continue
+			}
+		}
+		if o := claim.Owner(backends, pod); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
 			if o != nil {
 				m.shadowed++
 				m.shadowedBy = o.Namespace + "/" + o.Name
@@ -343,6 +365,36 @@ func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, po
 		m.claimed++
 	}
 	return m
+}
+
+// namespaceAnnotations reads Namespace annotations (metadata only, through
+// the manager's cache), each namespace once per pass. The first error other
+// than NotFound is kept in err and the namespace reads as unannotated (no
+// consent) meanwhile.
+type namespaceAnnotations struct {
+	reader client.Reader
+	seen   map[string]map[string]string
+	err    error
+}
+
+// of returns the lookup function bound to ctx.
+func (n *namespaceAnnotations) of(ctx context.Context) func(string) map[string]string {
+	return func(ns string) map[string]string {
+		if a, ok := n.seen[ns]; ok {
+			return a
+		}
+		if n.seen == nil {
+			n.seen = map[string]map[string]string{}
+		}
+		meta := &metav1.PartialObjectMetadata{}
+		meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+		err := n.reader.Get(ctx, client.ObjectKey{Name: ns}, meta)
+		if err != nil && !apierrors.IsNotFound(err) && n.err == nil {
+			n.err = fmt.Errorf("cannot read namespace %s for its consent to cross-namespace claims: %w", ns, err)
+		}
+		n.seen[ns] = meta.Annotations
+		return meta.Annotations
+	}
 }
 
 func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
@@ -368,6 +420,9 @@ func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
 	}
 	if m.optedOut > 0 {
 		msg += fmt.Sprintf("; %d more match but opted out of injection (%s: \"false\")", m.optedOut, claim.InjectKey)
+	}
+	if m.unconsented > 0 {
+		msg += fmt.Sprintf("; %d more match in other namespaces that do not consent (annotate the Namespace with %s: %q)", m.unconsented, claim.AllowClaimsFromAnnotation, b.Namespace)
 	}
 	return msg
 }
@@ -467,6 +522,30 @@ func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconc
 	return out
 }
 
+// crossNamespaceBackends lists the backends that set allowCrossNamespace.
+func crossNamespaceBackends(ctx context.Context, c client.Reader) []reconcile.Request {
+	var list v1alpha1.CacheBackendList
+	if err := c.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		if b := &list.Items[i]; b.Spec.AllowCrossNamespace {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: b.Namespace, Name: b.Name}})
+		}
+	}
+	return out
+}
+
+// consentChanged passes Namespace events that can change a cross-namespace
+// claim: a namespace created or deleted, or its consent annotation edited.
+var consentChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetAnnotations()[claim.AllowClaimsFromAnnotation] != e.ObjectNew.GetAnnotations()[claim.AllowClaimsFromAnnotation]
+	},
+	GenericFunc: func(event.GenericEvent) bool { return false },
+}
+
 // SetupCacheBackend registers the CacheBackend and PromptTemplate
 // reconcilers with mgr. server is the routing server client of /probe.
 func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOptions) error {
@@ -501,6 +580,11 @@ func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOpt
 			}
 			return backendsOfPod(ctx, mgr.GetClient(), p)
 		})).
+		// A namespace's consent to cross-namespace claims changes which pods
+		// the backends with allowCrossNamespace claim.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			return crossNamespaceBackends(ctx, mgr.GetClient())
+		}), builder.OnlyMetadata, builder.WithPredicates(consentChanged)).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("cannot set up the CacheBackend controller: %w", err)

@@ -27,11 +27,12 @@ type PodMeta struct {
 // the pod's inferencecache.io/injected-by annotation names, when it exists;
 // otherwise its claim.Owner (the first backend by name in the pod's namespace
 // whose non-empty engineSelector.matchLabels the pod's labels include, else
-// the first by namespace and name with allowCrossNamespace; as the pod
-// webhook and the reconciler decide; a pod that opted out of injection has
-// none). Replicas whose pod is unknown, or that no backend claims, are left
-// out.
-func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.CacheBackend, pods map[types.NamespacedName]PodMeta) map[string][]*controlapi.ReplicaSnapshot {
+// the first by namespace and name with allowCrossNamespace whose namespace
+// the pod's consents to, nsAnnotations holding the Namespace annotations by
+// name; as the pod webhook and the reconciler decide; a pod that opted out
+// of injection has none). Replicas whose pod is unknown, or that no backend
+// claims, are left out.
+func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.CacheBackend, pods map[types.NamespacedName]PodMeta, nsAnnotations map[string]map[string]string) map[string][]*controlapi.ReplicaSnapshot {
 	byKey := make(map[string]*v1alpha1.CacheBackend, len(backends))
 	byNS := map[string][]v1alpha1.CacheBackend{} // claim.Claimant scans one namespace
 	var cross []v1alpha1.CacheBackend            // those with allowCrossNamespace
@@ -58,7 +59,7 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 		}
 		b := claim.Claimant(byNS[r.Tenant], r.Tenant, pod.Labels, pod.Annotations)
 		if b == nil {
-			b = claim.Owner(cross, r.Tenant, pod.Labels, pod.Annotations)
+			b = claim.Owner(cross, claim.Pod{Namespace: r.Tenant, NamespaceAnnotations: nsAnnotations[r.Tenant], Labels: pod.Labels, Annotations: pod.Annotations})
 		}
 		if b != nil {
 			key := b.Namespace + "/" + b.Name

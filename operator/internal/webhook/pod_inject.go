@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -124,8 +126,10 @@ func skip(pod *corev1.Pod) bool {
 // backendFor returns the CacheBackend claiming a pod of namespace ns with
 // labels and annotations, claim.Owner: the first of ns by name whose non-empty
 // engineSelector.matchLabels the labels contain, else the first by
-// (namespace, name) elsewhere that sets allowCrossNamespace; nil when none
-// does. ns's backends are listed first, all only when none of them claims.
+// (namespace, name) elsewhere that sets allowCrossNamespace and that ns
+// consents to (claim.AllowClaimsFromAnnotation); nil when none does. ns's
+// backends are listed first, all only when none of them claims, and the
+// Namespace is read only when a backend of another namespace could claim.
 func (p *PodInjector) backendFor(ctx context.Context, ns string, labels, annotations map[string]string) (*v1alpha1.CacheBackend, error) {
 	if p.Reader == nil {
 		return nil, ErrNoReader
@@ -141,5 +145,15 @@ func (p *PodInjector) backendFor(ctx context.Context, ns string, labels, annotat
 	if err := p.Reader.List(ctx, &all); err != nil {
 		return nil, fmt.Errorf("cannot list CacheBackends: %w", err)
 	}
-	return claim.Owner(all.Items, ns, labels, annotations), nil
+	if !slices.ContainsFunc(all.Items, func(b v1alpha1.CacheBackend) bool {
+		return b.Namespace != ns && b.Spec.AllowCrossNamespace && claim.Selects(b.Spec.EngineSelector, labels)
+	}) {
+		return nil, nil
+	}
+	nsMeta := &metav1.PartialObjectMetadata{}
+	nsMeta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	if err := p.Reader.Get(ctx, client.ObjectKey{Name: ns}, nsMeta); err != nil {
+		return nil, fmt.Errorf("cannot read namespace %q for its consent to cross-namespace claims: %w", ns, err)
+	}
+	return claim.Owner(all.Items, claim.Pod{Namespace: ns, NamespaceAnnotations: nsMeta.Annotations, Labels: labels, Annotations: annotations}), nil
 }

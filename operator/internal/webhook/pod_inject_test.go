@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/claim"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
 )
 
@@ -25,6 +26,10 @@ func backend(ns, name string, sel map[string]string, mut func(*v1alpha1.CacheBac
 		mut(cb)
 	}
 	return cb
+}
+
+func nsObj(name, allowFrom string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{claim.AllowClaimsFromAnnotation: allowFrom}}}
 }
 
 func enginePod(labels map[string]string, args ...string) *corev1.Pod {
@@ -206,6 +211,9 @@ func TestBackendFor(t *testing.T) {
 		backend("other", "aa", sel, cross),
 		backend("third", "aa", map[string]string{"app": "x"}, cross),
 		backend("third", "bb", sel, nil), // not cross-namespace
+		nsObj("elsewhere", "other, third"),
+		nsObj("refusing", "third"),
+		nsObj("no-consent", ""),
 	)}
 	f := func(ns string, labels map[string]string, want string) {
 		t.Helper()
@@ -226,6 +234,9 @@ func TestBackendFor(t *testing.T) {
 	f("elsewhere", sel, "other/aa")
 	f("elsewhere", map[string]string{"app": "x"}, "third/aa")
 	f("third", sel, "third/bb")
+	f("refusing", sel, "") // consents to third only, whose backend does not select app=e
+	f("refusing", map[string]string{"app": "x"}, "third/aa")
+	f("no-consent", map[string]string{"app": "x"}, "") // no consent: nothing across
 
 	if _, err := (&PodInjector{Reader: newClient(t, true)}).backendFor(ctx(t), "ns", sel, nil); err == nil {
 		t.Error("list failure not reported")

@@ -224,6 +224,9 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		"ClusterRole inferencecache.io/cachebackends[]":        {"list", "watch"},
 		"ClusterRole inferencecache.io/cachebackends/status[]": {"patch"},
 		"ClusterRole pods[]": {"list", "watch"},
+		// Namespace metadata (cached): their consent to cross-namespace
+		// claims, read by the reconciler, the attribution and the pod webhook.
+		"ClusterRole namespaces[]": {"list", "watch"},
 		// CacheBackend reconciler: the server workload, Service and HPA it
 		// provisions, engine Deployments it annotates (restart cascade);
 		// PromptTemplate reconciler: status.templateRevision.

@@ -151,7 +151,9 @@ func TestPodInjection(t *testing.T) {
 }
 
 // TestPodInjectionCrossNamespace: a backend with allowCrossNamespace claims
-// pods of other namespaces; one without does not.
+// pods of another namespace only when that namespace consents (its
+// inferencecache.io/allow-claims-from annotation names the backend's
+// namespace); one without allowCrossNamespace never does.
 func TestPodInjectionCrossNamespace(t *testing.T) {
 	ctx := needEnv(t)
 	home := namespace(t, ctx, "inject-home", false)
@@ -168,17 +170,41 @@ func TestPodInjectionCrossNamespace(t *testing.T) {
 				EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": c.label}},
 			}}))
 	}
-	for label, want := range map[string]string{"shared-engine": home + "/shared", "private-engine": ""} {
-		p := podObj(other, label, map[string]string{"app": label})
+	injectedBy := func(name, label string) string {
+		t.Helper()
+		p := podObj(other, name, map[string]string{"app": label})
 		wantOK(t, "create pod", k8s.Create(ctx, p))
 		var g corev1.Pod
 		wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
-		if got := g.Annotations[icwebhook.AnnotationInjectedBy]; got != want {
-			t.Errorf("pod %s: injected-by %q, want %q", label, got, want)
-		}
-		if want != "" && len(g.Spec.Containers) != 1 {
+		if g.Annotations[icwebhook.AnnotationInjectedBy] != "" && len(g.Spec.Containers) != 1 {
 			// No spec.backendConfig.model: engine wiring only, no sidecar.
-			t.Errorf("pod %s: sidecar injected without a model: %v", label, g.Spec.Containers)
+			t.Errorf("pod %s: sidecar injected without a model: %v", name, g.Spec.Containers)
+		}
+		return g.Annotations[icwebhook.AnnotationInjectedBy]
+	}
+	// Without the target namespace's consent, nothing is claimed across.
+	if got := injectedBy("before-consent", "shared-engine"); got != "" {
+		t.Fatalf("a pod of %s was injected by %q without the namespace's consent", other, got)
+	}
+	// Consent for another namespace is no consent for home.
+	consent := func(value string) {
+		t.Helper()
+		var n corev1.Namespace
+		wantOK(t, "get namespace", k8s.Get(ctx, client.ObjectKey{Name: other}, &n))
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations["inferencecache.io/allow-claims-from"] = value
+		wantOK(t, "annotate namespace", k8s.Update(ctx, &n))
+	}
+	consent("some-other-ns")
+	if got := injectedBy("other-consent", "shared-engine"); got != "" {
+		t.Fatalf("injected by %q with consent for another namespace only", got)
+	}
+	consent("some-other-ns, " + home)
+	for label, want := range map[string]string{"shared-engine": home + "/shared", "private-engine": ""} {
+		if got := injectedBy("consented-"+label, label); got != want {
+			t.Errorf("pod %s: injected-by %q, want %q", label, got, want)
 		}
 	}
 }
