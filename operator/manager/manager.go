@@ -22,6 +22,7 @@ import (
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 	icwebhook "github.com/inferencecache/inferencecache/operator/internal/webhook"
 )
 
@@ -56,6 +57,10 @@ type Options struct {
 	MutatingWebhookConfigName string
 	// PodInjection configures the mutating pod webhook.
 	PodInjection icwebhook.PodInjectorOptions
+	// BackendPolicy is what CacheBackends may ask the controller to run
+	// (--allowed-backend-images, --allowed-service-accounts): the validating
+	// webhook refuses the rest and the reconciler does not provision it.
+	BackendPolicy validation.BackendPolicy
 }
 
 // Scheme returns a scheme with the built-in kinds and inferencecache.io/v1alpha1.
@@ -124,6 +129,7 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	}
 	if err := controller.Setup(mgr, controller.Options{
 		Server: server, PushInterval: f.PushInterval, SnapshotInterval: f.SnapshotInterval,
+		CacheBackend: controller.CacheBackendOptions{Policy: f.BackendPolicy},
 	}); err != nil {
 		return err
 	}
@@ -132,7 +138,7 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	}
 	ready := healthz.Ping
 	if f.EnableWebhooks {
-		if err := icwebhook.Setup(mgr, mgr.GetAPIReader()); err != nil {
+		if err := icwebhook.Setup(mgr, mgr.GetAPIReader(), icwebhook.Options{BackendPolicy: f.BackendPolicy}); err != nil {
 			return fmt.Errorf("cannot set up webhooks: %w", err)
 		}
 		icwebhook.SetupPodInjection(mgr, mgr.GetClient(), f.PodInjection)

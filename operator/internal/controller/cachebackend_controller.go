@@ -84,6 +84,11 @@ type CacheBackendOptions struct {
 	Resync time.Duration
 	// Image is the cache server image (default DefaultCacheServerImage).
 	Image string
+	// Policy is what a backend may ask to run (spec.backendConfig.image,
+	// spec.template.serviceAccountName); a backend asking for more is not
+	// provisioned. The validating webhook refuses the same at admission;
+	// this catches objects admitted before the policy was set.
+	Policy validation.BackendPolicy
 	// SkipNameValidation lets a process set up the controllers more than
 	// once (tests that run a manager per test).
 	SkipNameValidation bool

@@ -13,10 +13,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
 // Provisioning constants of a managed backend.
@@ -35,7 +37,7 @@ const (
 	ComponentLabel = "app.kubernetes.io/component"
 	componentValue = "cache-server"
 	// backendConfigImage is the spec.backendConfig key of the image.
-	backendConfigImage = "image"
+	backendConfigImage = validation.BackendConfigImage
 )
 
 // serverLabels are the labels (and selector) of a backend's server pods.
@@ -140,6 +142,10 @@ func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTe
 // that the backend does not control; it is left as it is.
 var errNotControlled = errors.New("not controlled by the CacheBackend")
 
+// errNotAllowed is provision's error for a backend that asks for an image or
+// a ServiceAccount the controller's policy does not allow.
+var errNotAllowed = errors.New("not allowed by the controller's policy")
+
 // provision creates or updates the workload, Service and HPA of a managed
 // backend, each controlled by b, deletes the objects b no longer asks for
 // (the other workload kind, an HPA without autoscaling), and returns the
@@ -147,6 +153,9 @@ var errNotControlled = errors.New("not controlled by the CacheBackend")
 func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.CacheBackend) (workloadState, error) {
 	var w workloadState
 	key := types.NamespacedName{Namespace: b.Namespace, Name: b.Name}
+	if errs := r.Options.Policy.CacheBackend(b.Namespace, &b.Spec, field.NewPath("spec")); len(errs) > 0 {
+		return w, fmt.Errorf("%w: %s", errNotAllowed, errs.ToAggregate().Error())
+	}
 	owned := func(obj client.Object) error {
 		// An existing object b does not control is someone else's (an
 		// engine Deployment or Service named like the backend): adopting it

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
 // Inject mutates pod for backend cb and reports warnings for what it could
@@ -107,7 +108,8 @@ func KVEventsConfig() string {
 // EngineArgs returns the args (as --flag=value) and env the engine container
 // of a pod claimed by cb receives: the defaults for spec.integration, amended
 // by spec.integration.engineOverrides (an override arg replaces a default of
-// the same flag, an override env var one of the same name) and then stripped
+// the same flag, an override env var one of the same name; a variable that
+// reads a Secret or ConfigMap is dropped with a warning) and then stripped
 // of suppressArgs (by flag name) and suppressEnv (by name). Warnings say what
 // could not be wired.
 func EngineArgs(cb *v1alpha1.CacheBackend) (args []string, env []corev1.EnvVar, warnings []string) {
@@ -129,6 +131,13 @@ func EngineArgs(cb *v1alpha1.CacheBackend) (args []string, env []corev1.EnvVar, 
 			}
 		}
 		for _, e := range ov.Env {
+			if kind := validation.EnvReference(e); kind != "" {
+				// Refused at admission since; an object admitted before is
+				// not obeyed here either.
+				warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s: engineOverrides variable %s reads a %s; not injected (engineOverrides may not read Secrets or ConfigMaps)",
+					cb.Namespace, cb.Name, e.Name, kind))
+				continue
+			}
 			if i := slices.IndexFunc(env, func(x corev1.EnvVar) bool { return x.Name == e.Name }); i >= 0 {
 				env[i] = e
 			} else {

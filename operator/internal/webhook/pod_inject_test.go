@@ -172,6 +172,25 @@ func TestInjectOverridesAndSuppressions(t *testing.T) {
 	}
 }
 
+// An engineOverrides variable that reads a Secret or ConfigMap (admitted
+// before the webhook refused it) is not injected.
+func TestInjectDropsSecretAndConfigMapRefs(t *testing.T) {
+	cb := backend("ns", "cb", nil, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Integration = &v1alpha1.CacheBackendIntegration{Mode: v1alpha1.IntegrationEventsOnly, EngineOverrides: &v1alpha1.EngineOverrides{Env: []corev1.EnvVar{
+			{Name: "S", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{Key: "k"}}},
+			{Name: "C", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{Key: "k"}}},
+			{Name: "F", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		}}}
+	})
+	_, env, w := EngineArgs(cb)
+	if len(env) != 1 || env[0].Name != "F" {
+		t.Errorf("env %v, want only F", env)
+	}
+	if len(w) != 2 || !strings.Contains(w[0], "reads a Secret") || !strings.Contains(w[1], "reads a ConfigMap") {
+		t.Errorf("warnings %v", w)
+	}
+}
+
 func TestInjectRoleAndNamedContainer(t *testing.T) {
 	cb := backend("ns", "cb", nil, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Integration = &v1alpha1.CacheBackendIntegration{Role: v1alpha1.RoleWriteOnly}

@@ -53,6 +53,7 @@ import (
 	"github.com/inferencecache/inferencecache/controlserver"
 	"github.com/inferencecache/inferencecache/controlserver/auth"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 	icwebhook "github.com/inferencecache/inferencecache/operator/internal/webhook"
 	"github.com/inferencecache/inferencecache/operator/manager"
 	"github.com/inferencecache/inferencecache/policy"
@@ -65,6 +66,13 @@ const legacyLabel = "inferencecache.io/test-legacy"
 
 // testSubscriberImage is the sidecar image the suite's pod webhook injects.
 const testSubscriberImage = "example.invalid/kvevent-subscriber:test"
+
+// testBackendPolicy is the suite's --allowed-backend-images and
+// --allowed-service-accounts.
+var testBackendPolicy = validation.BackendPolicy{
+	ImagePrefixes:   []string{"registry.example/approved/", "lmcache/vllm-openai"},
+	ServiceAccounts: []string{"cache-runner", "wh-allow/special"},
+}
 
 // tick is the push and poll interval of the controllers under test.
 const tick = time.Second
@@ -167,7 +175,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := icwebhook.Setup(mgr, mgr.GetAPIReader()); err != nil {
+	if err := icwebhook.Setup(mgr, mgr.GetAPIReader(), icwebhook.Options{BackendPolicy: testBackendPolicy}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
