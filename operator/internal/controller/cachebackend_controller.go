@@ -266,7 +266,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 			}
 			return reconcile.Result{}, err
 		}
-		st.Endpoint = serverEndpoint(&b)
+		st.Endpoint = ManagedEndpoint(&b)
 		if st.FirstAvailableAt == nil && w.available > 0 {
 			st.FirstAvailableAt = ptr(metav1.NewTime(now.UTC().Truncate(time.Second)))
 		}

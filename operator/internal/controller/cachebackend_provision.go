@@ -56,8 +56,10 @@ func serverSelector(b *v1alpha1.CacheBackend) map[string]string {
 	return map[string]string{BackendLabel: b.Name, ComponentLabel: componentValue}
 }
 
-// serverEndpoint is status.endpoint of a managed backend.
-func serverEndpoint(b *v1alpha1.CacheBackend) string {
+// ManagedEndpoint is the address of a managed backend's cache server, its
+// Service <name>.<namespace>.svc:8200: status.endpoint once reconciled, and
+// what the pod webhook wires before that.
+func ManagedEndpoint(b *v1alpha1.CacheBackend) string {
 	return fmt.Sprintf("%s.%s.svc:%d", b.Name, b.Namespace, CacheServerPort)
 }
 

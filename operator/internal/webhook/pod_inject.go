@@ -6,9 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -46,12 +50,18 @@ const (
 	// BackendConfigModel is the spec.backendConfig key of the model id the
 	// sidecar reports (contract §7.1, seed era); unset: no sidecar.
 	BackendConfigModel = "model"
+	// subscriberUser is the sidecar's user and group: the images' nonroot
+	// user (hack/images).
+	subscriberUser = 65532
+	// ReasonInjectionIncomplete is the reason of the Warning Event on a
+	// CacheBackend when the webhook could not wire a pod it claims fully.
+	ReasonInjectionIncomplete = "InjectionIncomplete"
 )
 
 // Engine endpoints inside the pod (contract §7.1/§7.2): the engine publishes
-// KV events on every interface at 5557 (replay 5558), the sidecar dials them
-// on loopback.
+// KV events on loopback at 5557 (replay 5558), where the sidecar dials them.
 const (
+	loopback        = "127.0.0.1"
 	kvEventsPort    = "5557"
 	kvReplayPort    = "5558"
 	kvEventsTopic   = "kv-events"
@@ -79,6 +89,65 @@ type PodInjector struct {
 	Reader  client.Reader
 	Decoder admission.Decoder
 	Options PodInjectorOptions
+	// Recorder receives a Warning Event (ReasonInjectionIncomplete) on the
+	// claiming CacheBackend for what could not be wired, besides the
+	// admission warning (which only the pod's creator sees, and a
+	// Deployment's ReplicaSet controller discards); nil emits none.
+	Recorder events.EventRecorder
+
+	// announced rate-limits those Events: at most one per backend and
+	// warning per eventInterval, so a large rollout does not flood the API.
+	announced rateLimit
+}
+
+// eventInterval is the least time between two Events of one backend with
+// the same warning.
+const eventInterval = time.Minute
+
+// rateLimit remembers when a key last passed.
+type rateLimit struct {
+	mu   sync.Mutex // guards last
+	last map[string]time.Time
+}
+
+// allow reports whether key may pass at now, and records it if so. Keys
+// older than the interval are dropped on the way, so the map stays as small
+// as the set of recent keys.
+func (l *rateLimit) allow(key string, now time.Time, every time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t, ok := l.last[key]; ok && now.Sub(t) < every {
+		return false
+	}
+	if l.last == nil {
+		l.last = map[string]time.Time{}
+	}
+	for k, t := range l.last {
+		if now.Sub(t) >= every {
+			delete(l.last, k)
+		}
+	}
+	l.last[key] = now
+	return true
+}
+
+// announce emits a Warning Event on cb for each warning about pod.
+func (p *PodInjector) announce(cb *v1alpha1.CacheBackend, pod *corev1.Pod, ns string, warnings []string) {
+	if p.Recorder == nil {
+		return
+	}
+	name := pod.Name
+	if name == "" {
+		name = pod.GenerateName + "<generated>"
+	}
+	now := time.Now()
+	for _, w := range warnings {
+		if !p.announced.allow(cb.Namespace+"/"+cb.Name+"\x00"+w, now, eventInterval) {
+			continue
+		}
+		p.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, ReasonInjectionIncomplete, "Inject",
+			"pod %s/%s: %s (further pods with the same problem are not reported for %s)", ns, name, strings.TrimPrefix(w, "inferencecache: "), eventInterval)
+	}
 }
 
 var _ admission.Handler = (*PodInjector)(nil)
@@ -104,6 +173,7 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Allowed("")
 	}
 	warnings, changed := Inject(&pod, cb, p.Options)
+	p.announce(cb, &pod, ns, warnings)
 	if !changed {
 		return admission.Allowed("").WithWarnings(warnings...)
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
@@ -92,8 +93,10 @@ func integrationOf(cb *v1alpha1.CacheBackend) v1alpha1.CacheBackendIntegration {
 }
 
 // KVEventsConfig is the engine's --kv-events-config value: a ZMQ publisher
-// on every interface (the sidecar dials loopback) with replay, topic
-// kv-events (contract §7.2). vLLM and SGLang take the same JSON.
+// bound to loopback (only the sidecar in the same pod dials it; nothing
+// outside the pod can read the engine's KV events or ask for a replay) with
+// replay, topic kv-events (contract §7.2). vLLM and SGLang take the same
+// JSON.
 func KVEventsConfig() string {
 	b, _ := json.Marshal(struct {
 		Enable         bool   `json:"enable_kv_cache_events"`
@@ -101,7 +104,7 @@ func KVEventsConfig() string {
 		Endpoint       string `json:"endpoint"`
 		ReplayEndpoint string `json:"replay_endpoint"`
 		Topic          string `json:"topic"`
-	}{true, "zmq", "tcp://*:" + kvEventsPort, "tcp://*:" + kvReplayPort, kvEventsTopic})
+	}{true, "zmq", "tcp://" + loopback + ":" + kvEventsPort, "tcp://" + loopback + ":" + kvReplayPort, kvEventsTopic})
 	return string(b)
 }
 
@@ -200,12 +203,15 @@ func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegratio
 	}{"LMCacheConnectorV1", cmp.Or(role, "kv_both")})
 	args = []string{"--kv-transfer-config=" + string(b)}
 	env = []corev1.EnvVar{{Name: "LMCACHE_LOCAL_CPU", Value: "False"}}
-	ep := cb.Status.Endpoint
+	// A managed backend's address is its Service's, fixed by its name: a pod
+	// admitted before the controller first reconciled the backend gets it
+	// too. An External backend's is its spec.endpoint.
+	ep := controller.ManagedEndpoint(cb)
 	if cb.Spec.Type == v1alpha1.BackendExternal {
 		ep = cb.Spec.Endpoint
 	}
 	if ep == "" {
-		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s has no endpoint yet (status.endpoint); LMCACHE_REMOTE_URL was not set, recreate the pod once the backend is ready",
+		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s of type External has no spec.endpoint; LMCACHE_REMOTE_URL was not set, recreate the pod once the backend has one",
 			cb.Namespace, cb.Name))
 		return args, env, warnings
 	}
@@ -243,6 +249,7 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}
 	}
 	no, yes := false, true
+	uid := int64(subscriberUser)
 	return corev1.Container{
 		Name:  SubscriberContainer,
 		Image: o.SubscriberImage,
@@ -256,11 +263,17 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
 		VolumeMounts: []corev1.VolumeMount{{Name: subscriberStateVolume, MountPath: subscriberStateDir}},
+		// The restricted profile, and the images' nonroot user set
+		// explicitly: the engine pod's own securityContext (often root, for
+		// GPU drivers) must not carry over to the sidecar.
 		SecurityContext: &corev1.SecurityContext{
+			RunAsUser:                &uid,
+			RunAsGroup:               &uid,
+			RunAsNonRoot:             &yes,
 			AllowPrivilegeEscalation: &no,
 			ReadOnlyRootFilesystem:   &yes,
-			RunAsNonRoot:             &yes,
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 	}
 }

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
@@ -57,7 +58,8 @@ func TestInjectVLLMOffload(t *testing.T) {
 		t.Fatalf("annotation %v", pod.Annotations)
 	}
 	eng := pod.Spec.Containers[0]
-	if got := argWith(eng.Args, "--kv-events-config="); got != "--kv-events-config="+KVEventsConfig() || !strings.Contains(got, `"endpoint":"tcp://*:5557"`) || !strings.Contains(got, `"topic":"kv-events"`) {
+	if got := argWith(eng.Args, "--kv-events-config="); got != "--kv-events-config="+KVEventsConfig() || !strings.Contains(got, `"endpoint":"tcp://127.0.0.1:5557"`) ||
+		!strings.Contains(got, `"replay_endpoint":"tcp://127.0.0.1:5558"`) || !strings.Contains(got, `"topic":"kv-events"`) {
 		t.Errorf("kv-events-config: %q", got)
 	}
 	if got := argWith(eng.Args, "--kv-transfer-config="); !strings.Contains(got, `"kv_connector":"LMCacheConnectorV1"`) || !strings.Contains(got, `"kv_role":"kv_both"`) {
@@ -78,6 +80,15 @@ func TestInjectVLLMOffload(t *testing.T) {
 	}
 	if sub.Image != "sub:1" || len(pod.Spec.Volumes) != 1 {
 		t.Errorf("image %q volumes %v", sub.Image, pod.Spec.Volumes)
+	}
+	// The sidecar runs as the images' nonroot user whatever the pod says,
+	// with the restricted profile's settings.
+	sc := sub.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532 || sc.RunAsGroup == nil || *sc.RunAsGroup != 65532 ||
+		sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("sidecar securityContext %+v", sc)
 	}
 
 	// Idempotent: a second pass changes nothing.
@@ -191,6 +202,22 @@ func TestInjectDropsSecretAndConfigMapRefs(t *testing.T) {
 	}
 }
 
+// A managed backend's endpoint is its Service's name, known before the
+// controller writes status.endpoint: a pod created first still gets it.
+func TestInjectManagedEndpointBeforeStatus(t *testing.T) {
+	cb := backend("ns", "cb", nil, nil) // no status.endpoint yet
+	_, env, w := EngineArgs(cb)
+	i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == "LMCACHE_REMOTE_URL" })
+	if i < 0 || env[i].Value != "lm://cb.ns.svc:8200" || len(w) != 0 {
+		t.Fatalf("env %v, warnings %v; want LMCACHE_REMOTE_URL=lm://cb.ns.svc:8200", env, w)
+	}
+	// status.endpoint does not override the Service's name either.
+	cb.Status.Endpoint = "elsewhere:1"
+	if _, env, _ := EngineArgs(cb); !slices.ContainsFunc(env, func(e corev1.EnvVar) bool { return e.Value == "lm://cb.ns.svc:8200" }) {
+		t.Fatalf("env %v", env)
+	}
+}
+
 func TestInjectRoleAndNamedContainer(t *testing.T) {
 	cb := backend("ns", "cb", nil, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Integration = &v1alpha1.CacheBackendIntegration{Role: v1alpha1.RoleWriteOnly}
@@ -205,7 +232,7 @@ func TestInjectRoleAndNamedContainer(t *testing.T) {
 	if got := argWith(pod.Spec.Containers[1].Args, "--kv-transfer-config="); !strings.Contains(got, "kv_producer") {
 		t.Errorf("role: %q", got)
 	}
-	if len(w) != 1 || !strings.Contains(w[0], "no endpoint yet") {
+	if len(w) != 0 {
 		t.Errorf("warnings %v", w)
 	}
 
@@ -290,6 +317,32 @@ func TestHandleFailsOpen(t *testing.T) {
 	f("undecodable", &PodInjector{Reader: newClient(t, false), Decoder: dec}, []byte("{"), false)
 	f("no backend", &PodInjector{Reader: newClient(t, false), Decoder: dec}, raw, false)
 	f("matched", &PodInjector{Reader: newClient(t, false, backend("ns", "cb", map[string]string{"app": "e"}, nil)), Decoder: dec}, raw, true)
+}
+
+// What could not be wired becomes a Warning Event on the backend, once per
+// backend and warning per interval.
+func TestHandleAnnouncesOncePerInterval(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	rec := events.NewFakeRecorder(16)
+	cb := backend("ns", "cb", map[string]string{"app": "e"}, func(cb *v1alpha1.CacheBackend) { cb.Spec.BackendConfig = nil })
+	p := &PodInjector{Reader: newClient(t, false, cb), Decoder: admission.NewDecoder(s), Recorder: rec, Options: PodInjectorOptions{SubscriberImage: "sub:1"}}
+	raw, _ := json.Marshal(enginePod(map[string]string{"app": "e"}))
+	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{Operation: admissionv1.Create, Namespace: "ns",
+		Object: runtime.RawExtension{Raw: raw}, Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}}}
+	for range 3 {
+		if resp := p.Handle(ctx(t), req); !resp.Allowed || len(resp.Warnings) != 1 {
+			t.Fatalf("response %+v", resp)
+		}
+	}
+	if n := len(rec.Events); n != 1 {
+		t.Fatalf("%d Events for three pods with the same problem, want 1", n)
+	}
+	if e := <-rec.Events; !strings.Contains(e, "Warning InjectionIncomplete") || !strings.Contains(e, "pod ns/p:") || !strings.Contains(e, "backendConfig.model") {
+		t.Errorf("event %q", e)
+	}
 }
 
 // The snapshot projection attributes replicas through the annotation this

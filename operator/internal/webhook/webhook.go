@@ -71,6 +71,7 @@ const PodInjectionPath = "/mutate--v1-pod"
 func SetupPodInjection(mgr ctrl.Manager, reader client.Reader, o PodInjectorOptions) {
 	mgr.GetWebhookServer().Register(PodInjectionPath, &webhook.Admission{Handler: &PodInjector{
 		Reader: reader, Decoder: admission.NewDecoder(mgr.GetScheme()), Options: o,
+		Recorder: mgr.GetEventRecorder("inferencecache-pod-webhook"),
 	}})
 }
 

@@ -10,6 +10,7 @@ import (
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -254,4 +255,42 @@ func TestPodInjectionFailsOpen(t *testing.T) {
 	for range 3 {
 		wantOK(t, "create pod past a dead webhook", create())
 	}
+}
+
+// TestPodInjectionManagedEndpointAndEvents: a pod created before its managed
+// backend was ever reconciled (no status.endpoint; the suite runs no
+// CacheBackend reconciler) gets the backend Service's address; what the
+// webhook could not wire becomes a Warning Event on the CacheBackend.
+func TestPodInjectionManagedEndpointAndEvents(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "inject-managed", false)
+	wantOK(t, "managed backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lmc"},
+		Spec: v1alpha1.CacheBackendSpec{EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "managed"}},
+			BackendConfig: map[string]string{icwebhook.BackendConfigModel: "m"}}}))
+	wantOK(t, "backend without a model", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nomodel"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "nomodel"}}}}))
+
+	p := podObj(ns, "managed-0", map[string]string{"app": "managed"})
+	wantOK(t, "create pod", k8s.Create(ctx, p))
+	var g corev1.Pod
+	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+	if got := envNames(g.Spec.Containers[0].Env)["LMCACHE_REMOTE_URL"]; got != "lm://lmc."+ns+".svc:8200" {
+		t.Fatalf("LMCACHE_REMOTE_URL %q, want the backend Service's address", got)
+	}
+
+	wantOK(t, "create pod", k8s.Create(ctx, podObj(ns, "nomodel-0", map[string]string{"app": "nomodel"})))
+	eventually(t, propagationLimit, func() error {
+		var evs eventsv1.EventList
+		if err := k8s.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Kind == "CacheBackend" && e.Regarding.Name == "nomodel" && e.Type == corev1.EventTypeWarning &&
+				e.Reason == "InjectionIncomplete" && strings.Contains(e.Note, "backendConfig.model") && strings.Contains(e.Note, "nomodel-0") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no InjectionIncomplete Event on CacheBackend nomodel among %d", len(evs.Items))
+	})
 }
