@@ -37,6 +37,7 @@ func main() {
 	flag.StringVar(&o.MutatingWebhookConfigName, "mutating-webhook-config-name", "inferencecache-mutating-webhook", "MutatingWebhookConfiguration (engine pod injection) whose caBundle is kept.")
 	flag.StringVar(&o.PodInjection.SubscriberImage, "kvevent-subscriber-image", "", "Image of the kvevent-subscriber sidecar injected into engine pods a CacheBackend selects; empty injects the engine's KV-event args and env but no sidecar.")
 	flag.StringVar(&o.PodInjection.ServerAddress, "kvevent-server-address", "inferencecache-server.inferencecache-system.svc:9090", "gRPC address of the routing server the injected sidecar reports to.")
+	flag.StringVar(&o.PodInjection.NATSURL, "nats-url", "", "NATS JetStream URL the injected sidecars publish to (their --nats-url) instead of --kvevent-server-address, so every routing server consuming the stream gets the same index (docs/scaleout.md); the scaleout overlay sets it to the servers' --nats-url. Empty: gRPC to one server.")
 	flag.Func("allowed-backend-images", "Comma-separated image prefixes a CacheBackend's spec.backendConfig.image may name (e.g. ghcr.io/acme/,lmcache/vllm-openai:); the validating webhook refuses others and they are not provisioned. Empty allows any image.", func(v string) error {
 		o.BackendPolicy.ImagePrefixes = splitList(v)
 		return nil

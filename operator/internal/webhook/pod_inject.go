@@ -77,6 +77,11 @@ type PodInjectorOptions struct {
 	// ServerAddress is the routing server's gRPC address the sidecar
 	// reports to, e.g. inferencecache-server.inferencecache-system.svc:9090.
 	ServerAddress string
+	// NATSURL, when set, is the NATS JetStream server the sidecar publishes
+	// to instead (its --nats-url; docs/scaleout.md): every routing server
+	// consumes the stream, so each builds the same index. ServerAddress is
+	// then not passed.
+	NATSURL string
 }
 
 // PodInjector is the mutating admission handler of Pods. For a pod matched by

@@ -242,7 +242,10 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 		fmt.Sprintf("--ignore-block-removed=%t", in.Mode == v1alpha1.IntegrationOffload),
 		"--state-file=" + subscriberStateDir + "/state",
 	}
-	if o.ServerAddress != "" {
+	switch {
+	case o.NATSURL != "":
+		args = append(args, "--nats-url="+o.NATSURL)
+	case o.ServerAddress != "":
 		args = append(args, "--server-address="+o.ServerAddress)
 	}
 	field := func(path string) *corev1.EnvVarSource {

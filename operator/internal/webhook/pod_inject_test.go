@@ -98,6 +98,18 @@ func TestInjectVLLMOffload(t *testing.T) {
 	}
 }
 
+// With a NATS URL the sidecar publishes to JetStream (every server consumes
+// it) instead of calling one server.
+func TestInjectNATS(t *testing.T) {
+	cb := backend("ns", "cb", map[string]string{"app": "e"}, nil)
+	pod := enginePod(map[string]string{"app": "e"})
+	Inject(pod, cb, PodInjectorOptions{SubscriberImage: "sub:1", ServerAddress: "srv:9090", NATSURL: "nats://nats.nats.svc:4222"})
+	sub := pod.Spec.Containers[1].Args
+	if !slices.Contains(sub, "--nats-url=nats://nats.nats.svc:4222") || argWith(sub, "--server-address") != "" {
+		t.Fatalf("sidecar args %v", sub)
+	}
+}
+
 // A type the controller neither provisions nor knows the connector of gets
 // the KV events only, with a warning, never the LMCache connector.
 func TestInjectUnknownConnectorType(t *testing.T) {
