@@ -84,6 +84,27 @@ func TestAttributeReplicasCrossNamespace(t *testing.T) {
 	}
 }
 
+// The ranks of a data-parallel engine report replicas <pod>-dp<r>; they are
+// attributed through their pod.
+func TestAttributeReplicasDataParallel(t *testing.T) {
+	pods := map[types.NamespacedName]PodMeta{
+		{Namespace: "a", Name: "eng"}:     {Labels: map[string]string{"app": "llama"}},
+		{Namespace: "a", Name: "eng-dp9"}: {Labels: map[string]string{"app": "other"}}, // a pod really named so wins
+	}
+	snap := &controlapi.CacheSnapshot{Replicas: []controlapi.ReplicaSnapshot{
+		{Tenant: "a", ReplicaID: "eng-dp0"}, {Tenant: "a", ReplicaID: "eng-dp1"}, {Tenant: "a", ReplicaID: "eng-dp9"},
+		{Tenant: "a", ReplicaID: "eng-dpx"}, {Tenant: "a", ReplicaID: "eng-dp"},
+	}}
+	got := AttributeReplicas(snap, []v1alpha1.CacheBackend{backend("a", "b", map[string]string{"app": "llama"})}, pods, nil)
+	var ids []string
+	for _, r := range got["a/b"] {
+		ids = append(ids, r.ReplicaID)
+	}
+	if len(ids) != 2 || ids[0] != "eng-dp0" || ids[1] != "eng-dp1" {
+		t.Fatalf("a/b = %v, want eng-dp0, eng-dp1", ids)
+	}
+}
+
 func TestParticipation(t *testing.T) {
 	t1 := time.Date(2026, 1, 1, 0, 0, 1, 0, time.UTC)
 	t2 := t1.Add(time.Minute)

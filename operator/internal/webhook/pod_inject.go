@@ -41,6 +41,14 @@ const (
 	// AnnotationEngineContainer names the engine container; default: the
 	// first container.
 	AnnotationEngineContainer = "inferencecache.io/engine-container"
+	// AnnotationDataParallelSize is the number of data-parallel ranks the
+	// engine runs in the pod (vLLM/SGLang --data-parallel-size); without
+	// it the engine container's own --data-parallel-size (-dp, --dp-size)
+	// is read. With R > 1 ranks the pod gets one subscriber per rank.
+	AnnotationDataParallelSize = "inferencecache.io/data-parallel-size"
+	// maxDataParallelRanks bounds the ranks wired in one pod (ports
+	// 5557..5557+2R-1, and R sidecars).
+	maxDataParallelRanks = 64
 	// SubscriberContainer is the name of the injected sidecar.
 	SubscriberContainer = "kvevent-subscriber"
 	// subscriberStateVolume is the emptyDir holding the sidecar's state
@@ -61,12 +69,12 @@ const (
 // Engine endpoints inside the pod (contract §7.1/§7.2): the engine publishes
 // KV events on loopback at 5557 (replay 5558), where the sidecar dials them.
 const (
-	loopback        = "127.0.0.1"
-	kvEventsPort    = "5557"
-	kvReplayPort    = "5558"
-	kvEventsTopic   = "kv-events"
-	vllmMetricsURL  = "http://127.0.0.1:8000/metrics"
-	sglangMetricURL = "http://127.0.0.1:30000/metrics"
+	loopback              = "127.0.0.1"
+	kvEventsPort          = 5557
+	subscriberMetricsPort = 9091
+	kvEventsTopic         = "kv-events"
+	vllmMetricsURL        = "http://127.0.0.1:8000/metrics"
+	sglangMetricURL       = "http://127.0.0.1:30000/metrics"
 )
 
 // PodInjectorOptions configures what the pod webhook injects.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -39,9 +40,11 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 		return []string{fmt.Sprintf("inferencecache: the pod has no container named %q (annotation %s); not injected",
 			pod.Annotations[AnnotationEngineContainer], AnnotationEngineContainer)}, false
 	}
-	args, env, w := EngineArgs(cb)
-	warnings = append(warnings, w...)
 	c := &pod.Spec.Containers[idx]
+	ranks, w := dataParallelSize(pod, c)
+	warnings = append(warnings, w...)
+	args, env, w := engineArgs(cb, ranks)
+	warnings = append(warnings, w...)
 	for _, a := range args {
 		if !hasFlag(c, flagName(a)) {
 			c.Args = append(c.Args, a)
@@ -53,7 +56,7 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 		}
 	}
 	if pod.Spec.HostNetwork || in.EngineHostNetwork {
-		warnings = append(warnings, fmt.Sprintf("inferencecache: host-network engine pods share the node's ports; two on one node collide on the KV-event port %s", kvEventsPort))
+		warnings = append(warnings, fmt.Sprintf("inferencecache: host-network engine pods share the node's ports; two on one node collide on the KV-event port %d", kvEventsPort))
 	}
 
 	model := cb.Spec.BackendConfig[BackendConfigModel]
@@ -63,10 +66,14 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 	case model == "":
 		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s has no spec.backendConfig.%s; no kvevent-subscriber sidecar was injected",
 			cb.Namespace, cb.Name, BackendConfigModel))
-	case slices.ContainsFunc(pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == SubscriberContainer }):
+	case slices.ContainsFunc(pod.Spec.Containers, func(c corev1.Container) bool { return strings.HasPrefix(c.Name, SubscriberContainer) }):
 		// The pod brings its own subscriber.
+	case ranks > maxDataParallelRanks:
+		warnings = append(warnings, fmt.Sprintf("inferencecache: the engine runs %d data-parallel ranks, more than the %d the webhook wires; no kvevent-subscriber sidecar was injected", ranks, maxDataParallelRanks))
 	default:
-		pod.Spec.Containers = append(pod.Spec.Containers, subscriber(in, model, o))
+		for r := range ranks {
+			pod.Spec.Containers = append(pod.Spec.Containers, subscriber(in, model, o, rank{index: r, of: ranks}))
+		}
 		if !slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == subscriberStateVolume }) {
 			pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: subscriberStateVolume,
 				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptrTo(resource.MustParse("64Mi"))}}})
@@ -92,20 +99,62 @@ func integrationOf(cb *v1alpha1.CacheBackend) v1alpha1.CacheBackendIntegration {
 	return in
 }
 
-// KVEventsConfig is the engine's --kv-events-config value: a ZMQ publisher
-// bound to loopback (only the sidecar in the same pod dials it; nothing
-// outside the pod can read the engine's KV events or ask for a replay) with
-// replay, topic kv-events (contract §7.2). vLLM and SGLang take the same
-// JSON.
-func KVEventsConfig() string {
+// KVEventsConfig is the engine's --kv-events-config value for one rank; see
+// kvEventsConfig.
+func KVEventsConfig() string { return kvEventsConfig(1) }
+
+// kvEventsConfig is the engine's --kv-events-config value for ranks
+// data-parallel ranks: a ZMQ publisher bound to loopback (only the sidecars
+// in the same pod dial it; nothing outside the pod can read the engine's KV
+// events or ask for a replay) with replay, topic kv-events (contract §7.2).
+// vLLM and SGLang take the same JSON, and both bind rank r at the base
+// port + r, so the replay base is placed after the last rank's publisher:
+// publishers 5557..5557+R-1, replays 5557+R..5557+2R-1 (5557 and 5558 for
+// one rank).
+func kvEventsConfig(ranks int) string {
 	b, _ := json.Marshal(struct {
 		Enable         bool   `json:"enable_kv_cache_events"`
 		Publisher      string `json:"publisher"`
 		Endpoint       string `json:"endpoint"`
 		ReplayEndpoint string `json:"replay_endpoint"`
 		Topic          string `json:"topic"`
-	}{true, "zmq", "tcp://" + loopback + ":" + kvEventsPort, "tcp://" + loopback + ":" + kvReplayPort, kvEventsTopic})
+	}{true, "zmq", loopbackTCP(kvEventsPort), loopbackTCP(kvEventsPort + ranks), kvEventsTopic})
 	return string(b)
+}
+
+func loopbackTCP(port int) string { return "tcp://" + loopback + ":" + strconv.Itoa(port) }
+
+// dataParallelSize is how many data-parallel ranks the engine container c
+// of pod runs: AnnotationDataParallelSize, else the container's
+// --data-parallel-size (also -dp, --dp-size, as name=value or name value),
+// else 1. A value that is not a positive integer counts as 1, with a
+// warning.
+func dataParallelSize(pod *corev1.Pod, c *corev1.Container) (int, []string) {
+	parse := func(v, from string) (int, []string) {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 {
+			return 1, []string{fmt.Sprintf("inferencecache: %s %q is not a positive number of data-parallel ranks; wired as one rank", from, v)}
+		}
+		return n, nil
+	}
+	if v, ok := pod.Annotations[AnnotationDataParallelSize]; ok {
+		return parse(v, "annotation "+AnnotationDataParallelSize)
+	}
+	argv := slices.Concat(c.Command, c.Args)
+	for i, a := range argv {
+		name, value, inline := strings.Cut(a, "=")
+		if name != "--data-parallel-size" && name != "-dp" && name != "--dp-size" {
+			continue
+		}
+		if !inline {
+			if i+1 >= len(argv) {
+				return 1, nil
+			}
+			value = argv[i+1]
+		}
+		return parse(value, "engine argument "+name)
+	}
+	return 1, nil
 }
 
 // EngineArgs returns the args (as --flag=value) and env the engine container
@@ -116,8 +165,13 @@ func KVEventsConfig() string {
 // of suppressArgs (by flag name) and suppressEnv (by name). Warnings say what
 // could not be wired.
 func EngineArgs(cb *v1alpha1.CacheBackend) (args []string, env []corev1.EnvVar, warnings []string) {
+	return engineArgs(cb, 1)
+}
+
+// engineArgs is EngineArgs for an engine of ranks data-parallel ranks.
+func engineArgs(cb *v1alpha1.CacheBackend, ranks int) (args []string, env []corev1.EnvVar, warnings []string) {
 	in := integrationOf(cb)
-	args = []string{"--kv-events-config=" + KVEventsConfig()}
+	args = []string{"--kv-events-config=" + kvEventsConfig(ranks)}
 	if in.Mode == v1alpha1.IntegrationOffload {
 		var a []string
 		var e []corev1.EnvVar
@@ -222,25 +276,42 @@ func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegratio
 	return args, env, warnings
 }
 
-// subscriber is the kvevent-subscriber sidecar (contract §7.1): replica id
-// and tenant id from the downward API, the engine's publisher and replay on
-// loopback, evicted blocks re-reported at T2 when an offload tier exists.
-func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjectorOptions) corev1.Container {
+// rank is the data-parallel rank a subscriber follows: index of of.
+type rank struct{ index, of int }
+
+// subscriber is the kvevent-subscriber sidecar of rank r (contract §7.1):
+// replica id and tenant id from the downward API, the engine's publisher
+// and replay on loopback, evicted blocks re-reported at T2 when an offload
+// tier exists. With one rank the replica is the pod ($(POD_NAME)); with
+// R > 1 ranks rank r is the replica $(POD_NAME)-dp<r>, in container
+// kvevent-subscriber-dp<r>, with its own ports, state file and metrics
+// listener.
+func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjectorOptions, r rank) corev1.Container {
 	metrics := vllmMetricsURL
 	if in.Engine == "sglang" {
 		metrics = sglangMetricURL
 	}
+	name, replica, state := SubscriberContainer, "$(POD_NAME)", subscriberStateDir+"/state"
+	if r.of > 1 {
+		suffix := fmt.Sprintf("-dp%d", r.index)
+		name, replica, state = name+suffix, replica+suffix, state+suffix
+	}
 	args := []string{
-		"--replica-id=$(POD_NAME)",
+		"--replica-id=" + replica,
 		"--tenant-id=$(POD_NAMESPACE)",
 		"--model-id=" + model,
 		"--hash-scheme=" + in.Engine,
-		"--engine-endpoint=tcp://127.0.0.1:" + kvEventsPort,
-		"--engine-replay-endpoint=tcp://127.0.0.1:" + kvReplayPort,
+		"--engine-endpoint=" + loopbackTCP(kvEventsPort+r.index),
+		"--engine-replay-endpoint=" + loopbackTCP(kvEventsPort+r.of+r.index),
 		"--topic=" + kvEventsTopic,
+		// Rank-filtered engine stats need a subscriber flag that does not
+		// exist yet: every rank reports the engine's whole /metrics.
 		"--engine-metrics-url=" + metrics,
 		fmt.Sprintf("--ignore-block-removed=%t", in.Mode == v1alpha1.IntegrationOffload),
-		"--state-file=" + subscriberStateDir + "/state",
+		"--state-file=" + state,
+	}
+	if r.of > 1 {
+		args = append(args, fmt.Sprintf("--metrics-bind-address=:%d", subscriberMetricsPort+r.index))
 	}
 	switch {
 	case o.NATSURL != "":
@@ -254,7 +325,7 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 	no, yes := false, true
 	uid := int64(subscriberUser)
 	return corev1.Container{
-		Name:  SubscriberContainer,
+		Name:  name,
 		Image: o.SubscriberImage,
 		Args:  args,
 		Env: []corev1.EnvVar{

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -107,6 +108,73 @@ func TestInjectNATS(t *testing.T) {
 	sub := pod.Spec.Containers[1].Args
 	if !slices.Contains(sub, "--nats-url=nats://nats.nats.svc:4222") || argWith(sub, "--server-address") != "" {
 		t.Fatalf("sidecar args %v", sub)
+	}
+}
+
+// A data-parallel engine (R ranks in one pod) publishes rank r on 5557+r and
+// its replay on 5557+R+r; the injection runs one subscriber per rank,
+// reporting replica $(POD_NAME)-dp<r>. R comes from the pod annotation, else
+// from the engine's --data-parallel-size.
+func TestInjectDataParallel(t *testing.T) {
+	cb := backend("ns", "cb", map[string]string{"app": "e"}, nil)
+	check := func(pod *corev1.Pod, ranks int) {
+		t.Helper()
+		w, changed := Inject(pod, cb, PodInjectorOptions{SubscriberImage: "sub:1"})
+		if !changed || len(w) != 0 {
+			t.Fatalf("changed %t, warnings %v", changed, w)
+		}
+		cfg := argWith(pod.Spec.Containers[0].Args, "--kv-events-config=")
+		if !strings.Contains(cfg, `"endpoint":"tcp://127.0.0.1:5557"`) || !strings.Contains(cfg, fmt.Sprintf(`"replay_endpoint":"tcp://127.0.0.1:%d"`, 5557+ranks)) {
+			t.Errorf("kv-events-config %s", cfg)
+		}
+		subs := pod.Spec.Containers[1:]
+		if len(subs) != ranks {
+			t.Fatalf("%d sidecars, want one per rank (%d)", len(subs), ranks)
+		}
+		states := map[string]bool{}
+		for r, c := range subs {
+			if c.Name != fmt.Sprintf("%s-dp%d", SubscriberContainer, r) {
+				t.Errorf("rank %d container %q", r, c.Name)
+			}
+			for _, want := range []string{
+				fmt.Sprintf("--replica-id=$(POD_NAME)-dp%d", r),
+				fmt.Sprintf("--engine-endpoint=tcp://127.0.0.1:%d", 5557+r),
+				fmt.Sprintf("--engine-replay-endpoint=tcp://127.0.0.1:%d", 5557+ranks+r),
+				fmt.Sprintf("--metrics-bind-address=:%d", 9091+r),
+			} {
+				if !slices.Contains(c.Args, want) {
+					t.Errorf("rank %d args %v lack %s", r, c.Args, want)
+				}
+			}
+			states[argWith(c.Args, "--state-file=")] = true
+		}
+		if len(states) != ranks {
+			t.Errorf("ranks share state files: %v", states)
+		}
+		if len(pod.Spec.Volumes) != 1 {
+			t.Errorf("volumes %v", pod.Spec.Volumes)
+		}
+	}
+	pod := enginePod(map[string]string{"app": "e"})
+	pod.Annotations = map[string]string{"inferencecache.io/data-parallel-size": "2"}
+	check(pod, 2)
+	check(enginePod(map[string]string{"app": "e"}, "--model=m", "--data-parallel-size", "4"), 4)
+	check(enginePod(map[string]string{"app": "e"}, "--data-parallel-size=3"), 3)
+	check(enginePod(map[string]string{"app": "e"}, "-dp", "2"), 2)
+	// One rank is the plain layout.
+	one := enginePod(map[string]string{"app": "e"}, "--data-parallel-size=1")
+	Inject(one, cb, PodInjectorOptions{SubscriberImage: "sub:1"})
+	if len(one.Spec.Containers) != 2 || one.Spec.Containers[1].Name != SubscriberContainer || !slices.Contains(one.Spec.Containers[1].Args, "--replica-id=$(POD_NAME)") {
+		t.Errorf("one rank: %v", one.Spec.Containers)
+	}
+	// The annotation wins over the args; a bad value is a warning and one rank.
+	pod = enginePod(map[string]string{"app": "e"}, "--data-parallel-size=4")
+	pod.Annotations = map[string]string{"inferencecache.io/data-parallel-size": "2"}
+	check(pod, 2)
+	bad := enginePod(map[string]string{"app": "e"})
+	bad.Annotations = map[string]string{"inferencecache.io/data-parallel-size": "two"}
+	if w, _ := Inject(bad, cb, PodInjectorOptions{SubscriberImage: "sub:1"}); len(w) != 1 || !strings.Contains(w[0], "inferencecache.io/data-parallel-size") || len(bad.Spec.Containers) != 2 {
+		t.Errorf("bad annotation: warnings %v, containers %d", w, len(bad.Spec.Containers))
 	}
 }
 

@@ -294,3 +294,27 @@ func TestPodInjectionManagedEndpointAndEvents(t *testing.T) {
 		return fmt.Errorf("no InjectionIncomplete Event on CacheBackend nomodel among %d", len(evs.Items))
 	})
 }
+
+// TestPodInjectionDataParallel: a pod whose engine runs two data-parallel
+// ranks is stored with one subscriber per rank.
+func TestPodInjectionDataParallel(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "inject-dp", false)
+	wantOK(t, "backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cb"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "dp"}},
+			BackendConfig:  map[string]string{icwebhook.BackendConfigModel: "m"}}}))
+	p := podObj(ns, "dp-0", map[string]string{"app": "dp"})
+	p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--data-parallel-size", "2")
+	wantOK(t, "create pod", k8s.Create(ctx, p))
+	var g corev1.Pod
+	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+	if len(g.Spec.Containers) != 3 {
+		t.Fatalf("containers %v, want the engine and two subscribers", g.Spec.Containers)
+	}
+	for r, c := range g.Spec.Containers[1:] {
+		if want := fmt.Sprintf("--replica-id=$(POD_NAME)-dp%d", r); c.Name != fmt.Sprintf("kvevent-subscriber-dp%d", r) || !slices.Contains(c.Args, want) {
+			t.Errorf("rank %d: container %s args %v", r, c.Name, c.Args)
+		}
+	}
+}
