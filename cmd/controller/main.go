@@ -38,6 +38,7 @@ func main() {
 	flag.StringVar(&o.PodInjection.SubscriberImage, "kvevent-subscriber-image", "", "Image of the kvevent-subscriber sidecar injected into engine pods a CacheBackend selects; empty injects the engine's KV-event args and env but no sidecar.")
 	flag.StringVar(&o.PodInjection.ServerAddress, "kvevent-server-address", "inferencecache-server.inferencecache-system.svc:9090", "gRPC address of the routing server the injected sidecar reports to.")
 	flag.StringVar(&o.PodInjection.NATSURL, "nats-url", "", "NATS JetStream URL the injected sidecars publish to (their --nats-url) instead of --kvevent-server-address, so every routing server consuming the stream gets the same index (docs/scaleout.md); the scaleout overlay sets it to the servers' --nats-url. Empty: gRPC to one server.")
+	flag.StringVar(&o.CacheServerImage, "cache-server-image", manager.DefaultCacheServerImage, "Image of the LMCache server the controller runs for a managed CacheBackend (one without spec.backendConfig.image); pin a tag or a digest.")
 	flag.Func("allowed-backend-images", "Comma-separated image prefixes a CacheBackend's spec.backendConfig.image may name (e.g. ghcr.io/acme/,lmcache/vllm-openai:); the validating webhook refuses others and they are not provisioned. Empty allows any image.", func(v string) error {
 		o.BackendPolicy.ImagePrefixes = splitList(v)
 		return nil

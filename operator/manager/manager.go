@@ -29,6 +29,9 @@ import (
 // DefaultInterval is the default push and poll period.
 const DefaultInterval = controller.DefaultInterval
 
+// DefaultCacheServerImage is the default --cache-server-image.
+const DefaultCacheServerImage = controller.DefaultCacheServerImage
+
 // Options is the operator's configuration; cmd/controller fills it from
 // flags.
 type Options struct {
@@ -61,6 +64,9 @@ type Options struct {
 	// (--allowed-backend-images, --allowed-service-accounts): the validating
 	// webhook refuses the rest and the reconciler does not provision it.
 	BackendPolicy validation.BackendPolicy
+	// CacheServerImage is the managed cache server's image
+	// (--cache-server-image); empty means DefaultCacheServerImage.
+	CacheServerImage string
 }
 
 // Scheme returns a scheme with the built-in kinds and inferencecache.io/v1alpha1.
@@ -129,7 +135,7 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	}
 	if err := controller.Setup(mgr, controller.Options{
 		Server: server, PushInterval: f.PushInterval, SnapshotInterval: f.SnapshotInterval,
-		CacheBackend: controller.CacheBackendOptions{Policy: f.BackendPolicy},
+		CacheBackend: controller.CacheBackendOptions{Policy: f.BackendPolicy, Image: f.CacheServerImage},
 	}); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -41,6 +42,7 @@ import (
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -261,10 +263,22 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	default:
 		w, err := r.provision(ctx, &b)
 		if err != nil {
-			if errors.Is(err, errNotControlled) && r.Recorder != nil {
-				r.Recorder.Eventf(&b, nil, corev1.EventTypeWarning, "ProvisionConflict", "Provision", "%s", err.Error())
+			if apierrors.IsConflict(err) {
+				// A stale cache: the next pass reads the object again.
+				return reconcile.Result{RequeueAfter: conflictRetry}, nil
 			}
-			return reconcile.Result{}, err
+			// The reason reaches status (and, on the transition, an Event)
+			// rather than only the log.
+			reason := ReasonProvisionFailed
+			if errors.Is(err, errNotControlled) {
+				reason = ReasonProvisionConflict
+			}
+			c.set(v1alpha1.BackendConditionReady, metav1.ConditionFalse, reason, err.Error())
+			c.set(v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, reason, err.Error())
+			if !errors.Is(err, errNotControlled) && !errors.Is(err, errNotAllowed) {
+				passErr = err // transient: retried with backoff
+			}
+			break
 		}
 		st.Endpoint = ManagedEndpoint(&b)
 		if st.FirstAvailableAt == nil && w.available > 0 {
@@ -578,6 +592,7 @@ func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOpt
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
 			p, ok := obj.(*corev1.Pod)
 			if !ok {

@@ -8,6 +8,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,10 +24,18 @@ import (
 
 // Provisioning constants of a managed backend.
 const (
-	// DefaultCacheServerImage runs the LMCache server; spec.backendConfig
-	// "image" overrides it per backend, CacheBackendOptions.Image per
+	// DefaultCacheServerImage runs the LMCache server (python3 -m
+	// lmcache.v1.server), pinned to a release so a node pulling it later
+	// runs what was tested; spec.backendConfig "image" overrides it per
+	// backend, CacheBackendOptions.Image (--cache-server-image) per
 	// controller.
-	DefaultCacheServerImage = "lmcache/vllm-openai:latest"
+	DefaultCacheServerImage = "lmcache/vllm-openai:v0.3.15"
+	// cacheServerUser is the user and group the cache server runs as: not
+	// root (the restricted pod security profile), the images' nonroot id.
+	cacheServerUser = 65532
+	// cacheServerTmp is the writable scratch directory of the server (its
+	// root filesystem is read-only); HOME points there.
+	cacheServerTmp = "/tmp"
 	// CacheServerPort is the port of the LMCache server (lm://host:8200).
 	CacheServerPort = 8200
 	// cacheServerContainer names the server container in the pod template.
@@ -127,6 +136,38 @@ func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTe
 		SuccessThreshold: 1,
 		FailureThreshold: 3,
 	}
+	// A server that stops accepting connections for a minute is restarted
+	// (the restart cascade then reconnects the engines). Every field the
+	// apiserver would default is set, so an unchanged backend writes
+	// nothing.
+	c.LivenessProbe = &corev1.Probe{
+		ProbeHandler:        corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("lm")}},
+		InitialDelaySeconds: 30,
+		PeriodSeconds:       10,
+		TimeoutSeconds:      2,
+		SuccessThreshold:    1,
+		FailureThreshold:    6,
+	}
+	// The restricted pod security profile: not root, no privilege
+	// escalation, no capabilities, RuntimeDefault seccomp, and a read-only
+	// root filesystem with an emptyDir for scratch.
+	no, yes := false, true
+	uid := int64(cacheServerUser)
+	tpl.Spec.SecurityContext = &corev1.PodSecurityContext{
+		RunAsNonRoot:   &yes,
+		RunAsUser:      &uid,
+		RunAsGroup:     &uid,
+		FSGroup:        &uid,
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	c.SecurityContext = &corev1.SecurityContext{
+		AllowPrivilegeEscalation: &no,
+		ReadOnlyRootFilesystem:   &yes,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+	c.Env = []corev1.EnvVar{{Name: "HOME", Value: cacheServerTmp}}
+	c.VolumeMounts = []corev1.VolumeMount{{Name: "tmp", MountPath: cacheServerTmp}}
+	tpl.Spec.Volumes = []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	if o := b.Spec.Template; o != nil {
 		tpl.Spec.NodeSelector = o.NodeSelector
 		tpl.Spec.Tolerations = o.Tolerations
@@ -235,7 +276,20 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 			current:   dep.Status.ObservedGeneration >= dep.Generation,
 			updated:   dep.Status.UpdatedReplicas,
 			available: dep.Status.AvailableReplicas,
+			failed:    rolloutFailure(dep),
 		}
+	}
+
+	// Voluntary disruptions (a node drain) take one server at a time.
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, pdb, func() error {
+		one := intstr.FromInt32(1)
+		pdb.Spec.MaxUnavailable = &one
+		pdb.Spec.MinAvailable = nil
+		pdb.Spec.Selector = &metav1.LabelSelector{MatchLabels: serverSelector(b)}
+		return owned(pdb)
+	}); err != nil {
+		return w, fmt.Errorf("cannot apply PodDisruptionBudget %s: %w", key, err)
 	}
 
 	if b.Spec.Autoscaling == nil {
@@ -267,7 +321,7 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 // unprovision deletes every object b controls, for a backend that is not
 // (or no longer) a managed LMCache one.
 func (r *CacheBackendReconciler) unprovision(ctx context.Context, b *v1alpha1.CacheBackend) error {
-	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}, &policyv1.PodDisruptionBudget{}} {
 		if err := r.deleteOwned(ctx, b, obj); err != nil {
 			return err
 		}
@@ -292,6 +346,22 @@ func (r *CacheBackendReconciler) deleteOwned(ctx context.Context, b *v1alpha1.Ca
 		return fmt.Errorf("cannot delete %T %s/%s: %w", obj, b.Namespace, b.Name, err)
 	}
 	return nil
+}
+
+// rolloutFailure describes a rollout the Deployment controller reports as
+// failed: Progressing False with ProgressDeadlineExceeded (the new pods did
+// not become available within progressDeadlineSeconds, e.g. an image that
+// does not pull), or ReplicaFailure True (pods cannot be created, e.g. a
+// quota). Empty when neither.
+func rolloutFailure(d *appsv1.Deployment) string {
+	for _, c := range d.Status.Conditions {
+		switch {
+		case c.Type == appsv1.DeploymentProgressing && c.Status == corev1.ConditionFalse && c.Reason == "ProgressDeadlineExceeded",
+			c.Type == appsv1.DeploymentReplicaFailure && c.Status == corev1.ConditionTrue:
+			return fmt.Sprintf("Deployment %s: %s: %s", c.Type, c.Reason, c.Message)
+		}
+	}
+	return ""
 }
 
 func deref[T any](p *T, def T) T {

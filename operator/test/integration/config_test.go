@@ -234,6 +234,7 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		"ClusterRole apps/statefulsets[]":                        {"create", "delete", "list", "update", "watch"},
 		"ClusterRole services[]":                                 {"create", "delete", "list", "update", "watch"},
 		"ClusterRole autoscaling/horizontalpodautoscalers[]":     {"create", "delete", "list", "update", "watch"},
+		"ClusterRole policy/poddisruptionbudgets[]":              {"create", "delete", "list", "update", "watch"},
 		"ClusterRole inferencecache.io/prompttemplates[]":        {"list", "watch"},
 		"ClusterRole inferencecache.io/prompttemplates/status[]": {"patch"},
 		// PolicyPropagator: the EndpointSlices of the server Service (a
