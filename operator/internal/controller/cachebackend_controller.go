@@ -138,6 +138,8 @@ type CacheBackendReconciler struct {
 	// the last FunctionalProbeOK verdict and the instance last cascaded to.
 	probes   rateGate[metav1.Condition]
 	cascades rateGate[string]
+	// server is the shared /probe backoff after transport errors.
+	server serverBackoff
 }
 
 var _ reconcile.Reconciler = (*CacheBackendReconciler)(nil)

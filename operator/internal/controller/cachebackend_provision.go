@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -94,9 +96,11 @@ func desiredReplicas(b *v1alpha1.CacheBackend) *int32 {
 }
 
 // mutatePodTemplate sets the fields of tpl the controller owns and leaves the
-// rest (apiserver defaults, other writers' annotations) alone, so an
-// unchanged backend produces no update.
-func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTemplateSpec) {
+// rest (apiserver defaults, other writers' annotations, pod fields
+// spec.template never set) alone, so an unchanged backend produces no
+// update. workload is the Deployment's or StatefulSet's metadata, where
+// applyTemplate records what spec.template set.
+func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTemplateSpec, workload *metav1.ObjectMeta) {
 	if tpl.Labels == nil {
 		tpl.Labels = map[string]string{}
 	}
@@ -168,17 +172,81 @@ func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTe
 	c.Env = []corev1.EnvVar{{Name: "HOME", Value: cacheServerTmp}}
 	c.VolumeMounts = []corev1.VolumeMount{{Name: "tmp", MountPath: cacheServerTmp}}
 	tpl.Spec.Volumes = []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-	if o := b.Spec.Template; o != nil {
-		tpl.Spec.NodeSelector = o.NodeSelector
-		tpl.Spec.Tolerations = o.Tolerations
-		tpl.Spec.ImagePullSecrets = o.ImagePullSecrets
-		tpl.Spec.ServiceAccountName = o.ServiceAccountName
-		tpl.Spec.PriorityClassName = o.PriorityClassName
-		tpl.Spec.RuntimeClassName = o.RuntimeClassName
-		if o.TerminationGracePeriodSeconds != nil {
-			tpl.Spec.TerminationGracePeriodSeconds = o.TerminationGracePeriodSeconds
+	applyTemplate(b.Spec.Template, &tpl.Spec, workload)
+}
+
+// TemplateFieldsAnnotation on a managed workload lists (comma-separated,
+// sorted) the pod fields spec.template set on it at the last pass, so a
+// field removed from spec.template is removed from the workload, and a
+// field spec.template never set (another writer's) is left alone.
+const TemplateFieldsAnnotation = "inferencecache.io/template-fields"
+
+// templateField is a pod field spec.template may set: whether override o
+// sets it, how to copy it into a pod spec, and how to clear it there.
+type templateField struct {
+	name  string
+	sets  func(o *v1alpha1.BackendPodOverride) bool
+	copy  func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec)
+	clear func(ps *corev1.PodSpec)
+}
+
+var templateFields = []templateField{
+	{"imagePullSecrets",
+		func(o *v1alpha1.BackendPodOverride) bool { return len(o.ImagePullSecrets) > 0 },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.ImagePullSecrets = o.ImagePullSecrets },
+		func(ps *corev1.PodSpec) { ps.ImagePullSecrets = nil }},
+	{"nodeSelector",
+		func(o *v1alpha1.BackendPodOverride) bool { return len(o.NodeSelector) > 0 },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.NodeSelector = o.NodeSelector },
+		func(ps *corev1.PodSpec) { ps.NodeSelector = nil }},
+	{"priorityClassName",
+		func(o *v1alpha1.BackendPodOverride) bool { return o.PriorityClassName != "" },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.PriorityClassName = o.PriorityClassName },
+		func(ps *corev1.PodSpec) { ps.PriorityClassName = "" }},
+	{"runtimeClassName",
+		func(o *v1alpha1.BackendPodOverride) bool { return o.RuntimeClassName != nil },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.RuntimeClassName = o.RuntimeClassName },
+		func(ps *corev1.PodSpec) { ps.RuntimeClassName = nil }},
+	{"serviceAccountName",
+		func(o *v1alpha1.BackendPodOverride) bool { return o.ServiceAccountName != "" },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.ServiceAccountName = o.ServiceAccountName },
+		func(ps *corev1.PodSpec) { ps.ServiceAccountName = "" }},
+	{"terminationGracePeriodSeconds",
+		func(o *v1alpha1.BackendPodOverride) bool { return o.TerminationGracePeriodSeconds != nil },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) {
+			ps.TerminationGracePeriodSeconds = o.TerminationGracePeriodSeconds
+		},
+		func(ps *corev1.PodSpec) { ps.TerminationGracePeriodSeconds = nil }},
+	{"tolerations",
+		func(o *v1alpha1.BackendPodOverride) bool { return len(o.Tolerations) > 0 },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.Tolerations = o.Tolerations },
+		func(ps *corev1.PodSpec) { ps.Tolerations = nil }},
+}
+
+// applyTemplate copies the fields override o sets into ps and clears those
+// the workload's TemplateFieldsAnnotation says it set before and o no
+// longer sets; fields o never set are not touched. It records the fields o
+// sets in the annotation of workload.
+func applyTemplate(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec, workload *metav1.ObjectMeta) {
+	before := strings.Split(workload.Annotations[TemplateFieldsAnnotation], ",")
+	var now []string
+	for _, f := range templateFields {
+		switch {
+		case o != nil && f.sets(o):
+			f.copy(o, ps)
+			now = append(now, f.name)
+		case slices.Contains(before, f.name):
+			f.clear(ps)
 		}
 	}
+	if len(now) == 0 {
+		delete(workload.Annotations, TemplateFieldsAnnotation)
+		return
+	}
+	if workload.Annotations == nil {
+		workload.Annotations = map[string]string{}
+	}
+	workload.Annotations[TemplateFieldsAnnotation] = strings.Join(now, ",")
 }
 
 // errNotControlled is provision's error for an object of the backend's name
@@ -241,7 +309,7 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 			if replicas != nil || sts.Spec.Replicas == nil {
 				sts.Spec.Replicas = replicas
 			}
-			mutatePodTemplate(b, r.image(), &sts.Spec.Template)
+			mutatePodTemplate(b, r.image(), &sts.Spec.Template, &sts.ObjectMeta)
 			return owned(sts)
 		}); err != nil {
 			return w, fmt.Errorf("cannot apply StatefulSet %s: %w", key, err)
@@ -265,7 +333,7 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 			if replicas != nil || dep.Spec.Replicas == nil {
 				dep.Spec.Replicas = replicas
 			}
-			mutatePodTemplate(b, r.image(), &dep.Spec.Template)
+			mutatePodTemplate(b, r.image(), &dep.Spec.Template, &dep.ObjectMeta)
 			return owned(dep)
 		}); err != nil {
 			return w, fmt.Errorf("cannot apply Deployment %s: %w", key, err)

@@ -156,3 +156,98 @@ func TestCacheBackendProvisionErrorsInStatus(t *testing.T) {
 		t.Error("the refused image was provisioned")
 	}
 }
+
+// TestCacheBackendProbeBacksOff: while the routing server does not answer
+// (every /probe hangs until the client's timeout), one failed call makes the
+// reconciler back off: the other backends' passes do not each hold a worker
+// for the /probe timeout, they report the outage and retry when the backoff
+// ends. Once the server answers again every backend is probed.
+func TestCacheBackendProbeBacksOff(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-backoff", false)
+	const backends, workers = 12, 2
+	env := startBackendControllerWith(t, 200*time.Millisecond, func(o *controller.CacheBackendOptions, _ *controller.ServerClient) {
+		o.ProbeTimeout = time.Second
+		o.Workers = workers
+	}, ns)
+	setSnapshot(t)
+	env.probe.hangAll.Store(true)
+	for i := range backends {
+		readyGateOff(t, env, fmt.Sprintf("b%02d", i), nil)
+	}
+	for i := range backends {
+		waitCond(t, ctx, ns, fmt.Sprintf("b%02d", i), v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionUnknown, controller.ReasonProbeError)
+	}
+	// Without the backoff every backend's pass hangs for the timeout: 12
+	// calls. With it: the calls in flight when the first failed (one per
+	// worker) plus a retry per backoff step.
+	t.Logf("%d /probe calls hung for %d backends (%d workers)", env.probe.hung.Load(), backends, workers)
+	if n := env.probe.hung.Load(); n > backends/2 {
+		t.Fatalf("%d /probe calls hung for %d backends, want at most %d: the reconciler did not back off", n, backends, backends/2)
+	}
+	env.probe.hangAll.Store(false)
+	env.clock.advance(controller.DefaultProbeInterval + time.Second) // the backends probed before the outage may probe again
+	for i := range backends {
+		waitCond(t, ctx, ns, fmt.Sprintf("b%02d", i), v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionTrue, controller.ReasonProbeOK)
+	}
+}
+
+// TestCacheBackendTemplateRemoval: removing spec.template (or one of its
+// fields) removes from the workload what it had set, and only that: a field
+// someone else set on the Deployment is left alone.
+func TestCacheBackendTemplateRemoval(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-template", false)
+	startBackendController(t, ns)
+	setSnapshot(t)
+	grace := int64(7)
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", func(b *v1alpha1.CacheBackend) {
+		b.Spec.Template = &v1alpha1.BackendPodOverride{
+			NodeSelector: map[string]string{"pool": "cpu"}, PriorityClassName: "cache",
+			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "pull"}}, TerminationGracePeriodSeconds: &grace,
+		}
+	})))
+	key := types.NamespacedName{Namespace: ns, Name: "lmc"}
+	get := func() *appsv1.Deployment {
+		t.Helper()
+		var d appsv1.Deployment
+		wantOK(t, "get deployment", k8s.Get(ctx, key, &d))
+		return &d
+	}
+	eventually(t, 10*time.Second, func() error {
+		var d appsv1.Deployment
+		if err := k8s.Get(ctx, key, &d); err != nil {
+			return err
+		}
+		if d.Spec.Template.Spec.NodeSelector["pool"] != "cpu" {
+			return fmt.Errorf("template not applied yet: %+v", d.Spec.Template.Spec.NodeSelector)
+		}
+		return nil
+	})
+	// Someone else adds a toleration to the Deployment.
+	eventually(t, 10*time.Second, func() error {
+		d := get()
+		d.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "gpu", Operator: corev1.TolerationOpExists}}
+		return k8s.Update(ctx, d)
+	})
+	// One field goes, then the whole template.
+	patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) { b.Spec.Template.PriorityClassName = "" })
+	eventually(t, 10*time.Second, func() error {
+		if d := get(); d.Spec.Template.Spec.PriorityClassName != "" || d.Spec.Template.Spec.NodeSelector["pool"] != "cpu" {
+			return fmt.Errorf("priorityClassName %q, nodeSelector %v", d.Spec.Template.Spec.PriorityClassName, d.Spec.Template.Spec.NodeSelector)
+		}
+		return nil
+	})
+	patchBackend(t, ctx, ns, "lmc", func(b *v1alpha1.CacheBackend) { b.Spec.Template = nil })
+	eventually(t, 10*time.Second, func() error {
+		ps := get().Spec.Template.Spec
+		if len(ps.NodeSelector) != 0 || len(ps.ImagePullSecrets) != 0 || ps.TerminationGracePeriodSeconds == nil || *ps.TerminationGracePeriodSeconds == grace {
+			return fmt.Errorf("template fields kept after spec.template was removed: nodeSelector %v, imagePullSecrets %v, grace %v",
+				ps.NodeSelector, ps.ImagePullSecrets, ps.TerminationGracePeriodSeconds)
+		}
+		return nil
+	})
+	if ps := get().Spec.Template.Spec; len(ps.Tolerations) != 1 || ps.Tolerations[0].Key != "gpu" {
+		t.Fatalf("the toleration another writer set is gone: %v", ps.Tolerations)
+	}
+}
