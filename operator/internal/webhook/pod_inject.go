@@ -24,9 +24,10 @@ import (
 // The pod webhook fails open (failurePolicy Ignore, short timeout): an engine
 // pod that misses its injection still serves, only without cache routing.
 // The objectSelector skips pods labelled inferencecache.io/inject=false and
-// the namespaceSelector (kustomize patch in operator/config/webhook) skips
-// kube-system, kube-node-lease, kube-public and the controller's own
-// namespace, so the apiserver never waits on this webhook for them.
+// the namespaceSelector (kustomize patch in operator/config/webhook) admits
+// only namespaces labelled LabelInjection=enabled, never kube-system,
+// kube-node-lease, kube-public or the controller's own namespace, so the
+// apiserver does not wait on this webhook for any other pod.
 // +kubebuilder:webhook:path=/mutate--v1-pod,mutating=true,failurePolicy=ignore,sideEffects=None,groups="",resources=pods,verbs=create,versions=v1,name=mpod.inferencecache.io,admissionReviewVersions=v1,timeoutSeconds=5,reinvocationPolicy=Never
 
 // Pod annotations and labels of the injection.
@@ -38,6 +39,9 @@ const (
 	// LabelInject set to "false" (as a label, or as an annotation) opts a
 	// pod out. As a label the apiserver does not even call the webhook.
 	LabelInject = claim.InjectKey
+	// LabelInjection set to "enabled" on a Namespace opts its pods in: the
+	// shipped webhook configuration's namespaceSelector requires it.
+	LabelInjection = "inferencecache.io/injection"
 	// AnnotationEngineContainer names the engine container; default: the
 	// first container.
 	AnnotationEngineContainer = "inferencecache.io/engine-container"

@@ -47,7 +47,7 @@ func countFlag(args []string, name string) int {
 // is not injected twice.
 func TestPodInjection(t *testing.T) {
 	ctx := needEnv(t)
-	ns := namespace(t, ctx, "inject", false)
+	ns := injectionNamespace(t, ctx, "inject")
 	sel := map[string]string{"app": "engine"}
 	mk := func(name string, mut func(*v1alpha1.CacheBackend)) {
 		cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: v1alpha1.CacheBackendSpec{
@@ -158,7 +158,7 @@ func TestPodInjection(t *testing.T) {
 func TestPodInjectionCrossNamespace(t *testing.T) {
 	ctx := needEnv(t)
 	home := namespace(t, ctx, "inject-home", false)
-	other := namespace(t, ctx, "inject-other", false)
+	other := injectionNamespace(t, ctx, "inject-other")
 	for _, c := range []struct {
 		name  string
 		label string
@@ -214,7 +214,7 @@ func TestPodInjectionCrossNamespace(t *testing.T) {
 // where nothing listens, does not stop pods from being created.
 func TestPodInjectionFailsOpen(t *testing.T) {
 	ctx := needEnv(t)
-	ns := namespace(t, ctx, "inject-open", false)
+	ns := injectionNamespace(t, ctx, "inject-open")
 	_, mwc, err := loadWebhooks("../../config/webhook")
 	wantOK(t, "load webhooks", err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -263,7 +263,7 @@ func TestPodInjectionFailsOpen(t *testing.T) {
 // webhook could not wire becomes a Warning Event on the CacheBackend.
 func TestPodInjectionManagedEndpointAndEvents(t *testing.T) {
 	ctx := needEnv(t)
-	ns := namespace(t, ctx, "inject-managed", false)
+	ns := injectionNamespace(t, ctx, "inject-managed")
 	wantOK(t, "managed backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lmc"},
 		Spec: v1alpha1.CacheBackendSpec{EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "managed"}},
 			BackendConfig: map[string]string{icwebhook.BackendConfigModel: "m"}}}))
@@ -299,7 +299,7 @@ func TestPodInjectionManagedEndpointAndEvents(t *testing.T) {
 // ranks is stored with one subscriber per rank.
 func TestPodInjectionDataParallel(t *testing.T) {
 	ctx := needEnv(t)
-	ns := namespace(t, ctx, "inject-dp", false)
+	ns := injectionNamespace(t, ctx, "inject-dp")
 	wantOK(t, "backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cb"},
 		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
 			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "dp"}},
@@ -316,5 +316,24 @@ func TestPodInjectionDataParallel(t *testing.T) {
 		if want := fmt.Sprintf("--replica-id=$(POD_NAME)-dp%d", r); c.Name != fmt.Sprintf("kvevent-subscriber-dp%d", r) || !slices.Contains(c.Args, want) {
 			t.Errorf("rank %d: container %s args %v", r, c.Name, c.Args)
 		}
+	}
+}
+
+// TestPodInjectionOptInNamespace: the pod webhook is called only for pods of
+// namespaces labelled inferencecache.io/injection=enabled; elsewhere a pod a
+// CacheBackend selects is stored as sent, and every other pod CREATE in the
+// cluster skips the webhook.
+func TestPodInjectionOptInNamespace(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "inject-not-enabled", false)
+	wantOK(t, "backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cb"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "engine"}}}}))
+	p := podObj(ns, "engine-0", map[string]string{"app": "engine"})
+	wantOK(t, "create pod", k8s.Create(ctx, p))
+	var g corev1.Pod
+	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+	if by := g.Annotations[icwebhook.AnnotationInjectedBy]; by != "" || len(g.Spec.Containers[0].Args) != 1 {
+		t.Fatalf("a pod of a namespace without %s=enabled was injected (by %q): %v", "inferencecache.io/injection", by, g.Spec.Containers[0].Args)
 	}
 }

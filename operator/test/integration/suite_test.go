@@ -348,6 +348,22 @@ func namespace(t *testing.T, ctx context.Context, name string, legacy bool) stri
 	return name
 }
 
+// injectionNamespace is namespace, labelled for the pod webhook
+// (inferencecache.io/injection=enabled).
+func injectionNamespace(t *testing.T, ctx context.Context, name string) string {
+	t.Helper()
+	namespace(t, ctx, name, false)
+	eventually(t, 10*time.Second, func() error {
+		return update(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, func(n *corev1.Namespace) {
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			n.Labels[icwebhook.LabelInjection] = "enabled"
+		})
+	})
+	return name
+}
+
 // The controller's identity as the server's --allowed-controller-sa names it.
 const (
 	controllerNS  = "inferencecache-system"
