@@ -117,7 +117,10 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme,
+		Scheme: scheme,
+		// What the cache keeps of each object (controller.CacheOptions), so
+		// the controller's memory follows the objects it works on.
+		Cache:                   controller.CacheOptions(),
 		Metrics:                 metricsserver.Options{BindAddress: f.MetricsAddr},
 		HealthProbeBindAddress:  f.ProbeAddr,
 		LeaderElection:          f.LeaderElect,

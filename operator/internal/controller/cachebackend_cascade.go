@@ -191,8 +191,9 @@ func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1
 	if b.Spec.EngineSelector == nil || len(b.Spec.EngineSelector.MatchLabels) == 0 {
 		return 0, nil
 	}
+	key, _ := selectorKey(b.Spec.EngineSelector)
 	var deps appsv1.DeploymentList
-	if err := r.Client.List(ctx, &deps, scope...); err != nil {
+	if err := r.Client.List(ctx, &deps, append(slices.Clone(scope), client.MatchingFields{DeploymentTemplateLabelIndex: key})...); err != nil {
 		return 0, fmt.Errorf("cannot list the engine Deployments of %s/%s: %w", b.Namespace, b.Name, err)
 	}
 	sum := sha256.Sum256([]byte(instance))

@@ -211,16 +211,16 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if b.Spec.AllowCrossNamespace {
 		scope = nil
 	}
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, scope...); err != nil {
-		return reconcile.Result{}, fmt.Errorf("cannot list the pods of CacheBackend %s: %w", req, err)
+	pods, err := r.podsOf(ctx, &b, scope)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
 	var backends v1alpha1.CacheBackendList
 	if err := r.Client.List(ctx, &backends, scope...); err != nil {
 		return reconcile.Result{}, fmt.Errorf("cannot list the CacheBackends beside %s: %w", req, err)
 	}
 	nsAnn := &namespaceAnnotations{reader: r.Client}
-	m := matchEngines(&b, backends.Items, pods.Items, nsAnn.of(ctx))
+	m := matchEngines(&b, backends.Items, pods.selected, nsAnn.of(ctx))
 	if nsAnn.err != nil {
 		return reconcile.Result{}, nsAnn.err
 	}
@@ -260,7 +260,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		g := eventsOnlyConditions(&b, now, c)
 		due(g.wait)
 		if class == classSelfRun {
-			engineCompatibility(&b, pods.Items, c)
+			engineCompatibility(&b, pods.injected, c)
 		}
 	default:
 		w, err := r.provision(ctx, &b)
@@ -300,8 +300,8 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 			c.set(v1alpha1.BackendConditionReady, metav1.ConditionFalse, fp.Reason, "the functional probe failed: "+fp.Message)
 		}
 		t2Condition(&b, c)
-		engineCompatibility(&b, pods.Items, c)
-		wait, err := r.cascade(ctx, &b, scope, backends.Items, nsAnn.of(ctx), serverPods(&b, pods.Items), w, now)
+		engineCompatibility(&b, pods.injected, c)
+		wait, err := r.cascade(ctx, &b, scope, backends.Items, nsAnn.of(ctx), serverPods(&b, pods.served), w, now)
 		passErr = err
 		due(wait)
 	}
@@ -327,6 +327,42 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		return reconcile.Result{}, passErr
 	}
 	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// backendPods are the pods one pass of a backend reads, each set listed
+// through a field index of the cache (IndexedFields), so a pass copies
+// these and not every pod of its scope.
+type backendPods struct {
+	// selected carry the label pair of the backend's selector (selectorKey):
+	// a superset of those its selector matches.
+	selected []corev1.Pod
+	// served carry the backend's BackendLabel: its cache-server pods, and
+	// any other pod so labelled (serverPods filters them).
+	served []corev1.Pod
+	// injected carry the backend's injected-by annotation.
+	injected []corev1.Pod
+}
+
+// podsOf lists the pods of b within scope.
+func (r *CacheBackendReconciler) podsOf(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption) (backendPods, error) {
+	var out backendPods
+	list := func(into *[]corev1.Pod, opts ...client.ListOption) error {
+		var pl corev1.PodList
+		if err := r.Client.List(ctx, &pl, opts...); err != nil {
+			return fmt.Errorf("cannot list the pods of CacheBackend %s/%s: %w", b.Namespace, b.Name, err)
+		}
+		*into = pl.Items
+		return nil
+	}
+	if key, ok := selectorKey(b.Spec.EngineSelector); ok {
+		if err := list(&out.selected, append(slices.Clone(scope), client.MatchingFields{PodLabelIndex: key})...); err != nil {
+			return out, err
+		}
+	}
+	if err := list(&out.served, client.InNamespace(b.Namespace), client.MatchingFields{PodLabelIndex: BackendLabel + "=" + b.Name}); err != nil {
+		return out, err
+	}
+	return out, list(&out.injected, append(slices.Clone(scope), client.MatchingFields{PodInjectedByIndex: b.Namespace + "/" + b.Name})...)
 }
 
 // engineMatch is how many pods of b's namespace b claims, and how many more
@@ -573,6 +609,11 @@ func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOpt
 	m, err := registeredBackendControllerMetrics()
 	if err != nil {
 		return fmt.Errorf("cannot register the CacheBackend metrics: %w", err)
+	}
+	for _, f := range IndexedFields() {
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), f.Object, f.Field, f.Extract); err != nil {
+			return fmt.Errorf("cannot index %T by %s: %w", f.Object, f.Field, err)
+		}
 	}
 	r := &CacheBackendReconciler{
 		Client:   mgr.GetClient(),

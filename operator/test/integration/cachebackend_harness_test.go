@@ -221,11 +221,13 @@ func startBackendControllerWith(t *testing.T, resync time.Duration, tune func(*c
 	for _, ns := range namespaces {
 		cached[ns] = cache.Config{}
 	}
+	cacheOpts := controller.CacheOptions() // as cmd/controller runs it
+	cacheOpts.DefaultNamespaces = cached
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: cached},
+		Cache:                  cacheOpts,
 	})
 	if err != nil {
 		t.Fatal(err)
