@@ -126,7 +126,11 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 		LeaderElection:          f.LeaderElect,
 		LeaderElectionID:        f.LeaderElectionID,
 		LeaderElectionNamespace: ns,
-		WebhookServer:           webhook.NewServer(webhook.Options{Host: f.WebhookHost, Port: f.WebhookPort, CertDir: f.WebhookCertDir}),
+		// A replica stopping (a rollout, a drain) gives the Lease up, so
+		// another leads at once rather than after the lease duration (15 s).
+		// Safe: Run returns, and the process exits, once the manager stopped.
+		LeaderElectionReleaseOnCancel: true,
+		WebhookServer:                 webhook.NewServer(webhook.Options{Host: f.WebhookHost, Port: f.WebhookPort, CertDir: f.WebhookCertDir}),
 	})
 	if err != nil {
 		return fmt.Errorf("cannot create manager: %w", err)
