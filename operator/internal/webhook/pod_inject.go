@@ -71,7 +71,8 @@ const (
 )
 
 // Engine endpoints inside the pod (contract §7.1/§7.2): the engine publishes
-// KV events on loopback at 5557 (replay 5558), where the sidecar dials them.
+// KV events at 5557 and serves replays on loopback at 5558; the sidecar
+// dials both on loopback.
 const (
 	loopback              = "127.0.0.1"
 	kvEventsPort          = 5557

@@ -104,11 +104,17 @@ func integrationOf(cb *v1alpha1.CacheBackend) v1alpha1.CacheBackendIntegration {
 func KVEventsConfig() string { return kvEventsConfig(1) }
 
 // kvEventsConfig is the engine's --kv-events-config value for ranks
-// data-parallel ranks: a ZMQ publisher bound to loopback (only the sidecars
-// in the same pod dial it; nothing outside the pod can read the engine's KV
-// events or ask for a replay) with replay, topic kv-events (contract §7.2).
-// vLLM and SGLang take the same JSON, and both bind rank r at the base
-// port + r, so the replay base is placed after the last rank's publisher:
+// data-parallel ranks (contract §7.2), topic kv-events; vLLM and SGLang
+// take the same JSON, and both place rank r at the base port + r.
+//
+// The replay ROUTER, which hands any client the engine's recent history, is
+// bound to loopback: only the sidecars in the pod reach it. The publisher
+// cannot be: both engines bind their PUB socket only for an endpoint with a
+// wildcard ("*" or "::"; also ipc/inproc) and connect it otherwise, so
+// tcp://127.0.0.1:5557 would make the engine dial out to a subscriber that
+// dials too. It binds tcp://*:5557. Putting it on loopback needs a
+// subscriber that binds its SUB socket (the engine's PUB then connects to
+// it); see operator/README.md. Replays follow the last rank's publisher:
 // publishers 5557..5557+R-1, replays 5557+R..5557+2R-1 (5557 and 5558 for
 // one rank).
 func kvEventsConfig(ranks int) string {
@@ -118,7 +124,7 @@ func kvEventsConfig(ranks int) string {
 		Endpoint       string `json:"endpoint"`
 		ReplayEndpoint string `json:"replay_endpoint"`
 		Topic          string `json:"topic"`
-	}{true, "zmq", loopbackTCP(kvEventsPort), loopbackTCP(kvEventsPort + ranks), kvEventsTopic})
+	}{true, "zmq", "tcp://*:" + strconv.Itoa(kvEventsPort), loopbackTCP(kvEventsPort + ranks), kvEventsTopic})
 	return string(b)
 }
 

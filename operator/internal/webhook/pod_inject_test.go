@@ -59,7 +59,9 @@ func TestInjectVLLMOffload(t *testing.T) {
 		t.Fatalf("annotation %v", pod.Annotations)
 	}
 	eng := pod.Spec.Containers[0]
-	if got := argWith(eng.Args, "--kv-events-config="); got != "--kv-events-config="+KVEventsConfig() || !strings.Contains(got, `"endpoint":"tcp://127.0.0.1:5557"`) ||
+	// The replay on loopback; the publisher on a wildcard, the only endpoint
+	// vLLM and SGLang bind (they connect a PUB socket to any other).
+	if got := argWith(eng.Args, "--kv-events-config="); got != "--kv-events-config="+KVEventsConfig() || !strings.Contains(got, `"endpoint":"tcp://*:5557"`) ||
 		!strings.Contains(got, `"replay_endpoint":"tcp://127.0.0.1:5558"`) || !strings.Contains(got, `"topic":"kv-events"`) {
 		t.Errorf("kv-events-config: %q", got)
 	}
@@ -99,6 +101,30 @@ func TestInjectVLLMOffload(t *testing.T) {
 	}
 }
 
+// The engines bind the publisher only for a wildcard endpoint ("*", "::",
+// ipc://, inproc://) and connect it otherwise (vLLM's and SGLang's
+// ZmqEventPublisher); the replay ROUTER they always bind. The injected
+// config must give a publisher they bind (the sidecar dials it), and the
+// replay, which serves any client the engine's history, on loopback.
+func TestKVEventsConfigBindsWhereEnginesBind(t *testing.T) {
+	for _, ranks := range []int{1, 2, 8} {
+		var cfg struct {
+			Endpoint       string `json:"endpoint"`
+			ReplayEndpoint string `json:"replay_endpoint"`
+		}
+		if err := json.Unmarshal([]byte(kvEventsConfig(ranks)), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		e := cfg.Endpoint
+		if !strings.Contains(e, "*") && !strings.Contains(e, "::") && !strings.HasPrefix(e, "ipc://") && !strings.HasPrefix(e, "inproc://") {
+			t.Errorf("%d ranks: publisher %q would be connected, not bound, by the engine", ranks, e)
+		}
+		if !strings.HasPrefix(cfg.ReplayEndpoint, "tcp://127.0.0.1:") {
+			t.Errorf("%d ranks: replay %q is not on loopback", ranks, cfg.ReplayEndpoint)
+		}
+	}
+}
+
 // With a NATS URL the sidecar publishes to JetStream (every server consumes
 // it) instead of calling one server.
 func TestInjectNATS(t *testing.T) {
@@ -124,7 +150,7 @@ func TestInjectDataParallel(t *testing.T) {
 			t.Fatalf("changed %t, warnings %v", changed, w)
 		}
 		cfg := argWith(pod.Spec.Containers[0].Args, "--kv-events-config=")
-		if !strings.Contains(cfg, `"endpoint":"tcp://127.0.0.1:5557"`) || !strings.Contains(cfg, fmt.Sprintf(`"replay_endpoint":"tcp://127.0.0.1:%d"`, 5557+ranks)) {
+		if !strings.Contains(cfg, `"endpoint":"tcp://*:5557"`) || !strings.Contains(cfg, fmt.Sprintf(`"replay_endpoint":"tcp://127.0.0.1:%d"`, 5557+ranks)) {
 			t.Errorf("kv-events-config %s", cfg)
 		}
 		subs := pod.Spec.Containers[1:]
