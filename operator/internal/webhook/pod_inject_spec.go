@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
 // Inject mutates pod for backend cb and reports warnings for what it could
@@ -37,9 +40,11 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 		return []string{fmt.Sprintf("inferencecache: the pod has no container named %q (annotation %s); not injected",
 			pod.Annotations[AnnotationEngineContainer], AnnotationEngineContainer)}, false
 	}
-	args, env, w := EngineArgs(cb)
-	warnings = append(warnings, w...)
 	c := &pod.Spec.Containers[idx]
+	ranks, w := dataParallelSize(pod, c)
+	warnings = append(warnings, w...)
+	args, env, w := engineArgs(cb, ranks)
+	warnings = append(warnings, w...)
 	for _, a := range args {
 		if !hasFlag(c, flagName(a)) {
 			c.Args = append(c.Args, a)
@@ -51,7 +56,7 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 		}
 	}
 	if pod.Spec.HostNetwork || in.EngineHostNetwork {
-		warnings = append(warnings, fmt.Sprintf("inferencecache: host-network engine pods share the node's ports; two on one node collide on the KV-event port %s", kvEventsPort))
+		warnings = append(warnings, fmt.Sprintf("inferencecache: host-network engine pods share the node's ports; two on one node collide on the KV-event port %d", kvEventsPort))
 	}
 
 	model := cb.Spec.BackendConfig[BackendConfigModel]
@@ -61,10 +66,14 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 	case model == "":
 		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s has no spec.backendConfig.%s; no kvevent-subscriber sidecar was injected",
 			cb.Namespace, cb.Name, BackendConfigModel))
-	case slices.ContainsFunc(pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == SubscriberContainer }):
+	case slices.ContainsFunc(pod.Spec.Containers, func(c corev1.Container) bool { return strings.HasPrefix(c.Name, SubscriberContainer) }):
 		// The pod brings its own subscriber.
+	case ranks > maxDataParallelRanks:
+		warnings = append(warnings, fmt.Sprintf("inferencecache: the engine runs %d data-parallel ranks, more than the %d the webhook wires; no kvevent-subscriber sidecar was injected", ranks, maxDataParallelRanks))
 	default:
-		pod.Spec.Containers = append(pod.Spec.Containers, subscriber(in, model, o))
+		for r := range ranks {
+			pod.Spec.Containers = append(pod.Spec.Containers, subscriber(in, model, o, rank{index: r, of: ranks}))
+		}
 		if !slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == subscriberStateVolume }) {
 			pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: subscriberStateVolume,
 				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptrTo(resource.MustParse("64Mi"))}}})
@@ -90,29 +99,85 @@ func integrationOf(cb *v1alpha1.CacheBackend) v1alpha1.CacheBackendIntegration {
 	return in
 }
 
-// KVEventsConfig is the engine's --kv-events-config value: a ZMQ publisher
-// on every interface (the sidecar dials loopback) with replay, topic
-// kv-events (contract §7.2). vLLM and SGLang take the same JSON.
-func KVEventsConfig() string {
+// KVEventsConfig is the engine's --kv-events-config value for one rank; see
+// kvEventsConfig.
+func KVEventsConfig() string { return kvEventsConfig(1) }
+
+// kvEventsConfig is the engine's --kv-events-config value for ranks
+// data-parallel ranks (contract §7.2), topic kv-events; vLLM and SGLang
+// take the same JSON, and both place rank r at the base port + r.
+//
+// The replay ROUTER, which hands any client the engine's recent history, is
+// bound to loopback: only the sidecars in the pod reach it. The publisher
+// cannot be: both engines bind their PUB socket only for an endpoint with a
+// wildcard ("*" or "::"; also ipc/inproc) and connect it otherwise, so
+// tcp://127.0.0.1:5557 would make the engine dial out to a subscriber that
+// dials too. It binds tcp://*:5557. Putting it on loopback needs a
+// subscriber that binds its SUB socket (the engine's PUB then connects to
+// it); see operator/README.md. Replays follow the last rank's publisher:
+// publishers 5557..5557+R-1, replays 5557+R..5557+2R-1 (5557 and 5558 for
+// one rank).
+func kvEventsConfig(ranks int) string {
 	b, _ := json.Marshal(struct {
 		Enable         bool   `json:"enable_kv_cache_events"`
 		Publisher      string `json:"publisher"`
 		Endpoint       string `json:"endpoint"`
 		ReplayEndpoint string `json:"replay_endpoint"`
 		Topic          string `json:"topic"`
-	}{true, "zmq", "tcp://*:" + kvEventsPort, "tcp://*:" + kvReplayPort, kvEventsTopic})
+	}{true, "zmq", "tcp://*:" + strconv.Itoa(kvEventsPort), loopbackTCP(kvEventsPort + ranks), kvEventsTopic})
 	return string(b)
+}
+
+func loopbackTCP(port int) string { return "tcp://" + loopback + ":" + strconv.Itoa(port) }
+
+// dataParallelSize is how many data-parallel ranks the engine container c
+// of pod runs: AnnotationDataParallelSize, else the container's
+// --data-parallel-size (also -dp, --dp-size, as name=value or name value),
+// else 1. A value that is not a positive integer counts as 1, with a
+// warning.
+func dataParallelSize(pod *corev1.Pod, c *corev1.Container) (int, []string) {
+	parse := func(v, from string) (int, []string) {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 {
+			return 1, []string{fmt.Sprintf("inferencecache: %s %q is not a positive number of data-parallel ranks; wired as one rank", from, v)}
+		}
+		return n, nil
+	}
+	if v, ok := pod.Annotations[AnnotationDataParallelSize]; ok {
+		return parse(v, "annotation "+AnnotationDataParallelSize)
+	}
+	argv := slices.Concat(c.Command, c.Args)
+	for i, a := range argv {
+		name, value, inline := strings.Cut(a, "=")
+		if name != "--data-parallel-size" && name != "-dp" && name != "--dp-size" {
+			continue
+		}
+		if !inline {
+			if i+1 >= len(argv) {
+				return 1, nil
+			}
+			value = argv[i+1]
+		}
+		return parse(value, "engine argument "+name)
+	}
+	return 1, nil
 }
 
 // EngineArgs returns the args (as --flag=value) and env the engine container
 // of a pod claimed by cb receives: the defaults for spec.integration, amended
 // by spec.integration.engineOverrides (an override arg replaces a default of
-// the same flag, an override env var one of the same name) and then stripped
+// the same flag, an override env var one of the same name; a variable that
+// reads a Secret or ConfigMap is dropped with a warning) and then stripped
 // of suppressArgs (by flag name) and suppressEnv (by name). Warnings say what
 // could not be wired.
 func EngineArgs(cb *v1alpha1.CacheBackend) (args []string, env []corev1.EnvVar, warnings []string) {
+	return engineArgs(cb, 1)
+}
+
+// engineArgs is EngineArgs for an engine of ranks data-parallel ranks.
+func engineArgs(cb *v1alpha1.CacheBackend, ranks int) (args []string, env []corev1.EnvVar, warnings []string) {
 	in := integrationOf(cb)
-	args = []string{"--kv-events-config=" + KVEventsConfig()}
+	args = []string{"--kv-events-config=" + kvEventsConfig(ranks)}
 	if in.Mode == v1alpha1.IntegrationOffload {
 		var a []string
 		var e []corev1.EnvVar
@@ -129,6 +194,13 @@ func EngineArgs(cb *v1alpha1.CacheBackend) (args []string, env []corev1.EnvVar, 
 			}
 		}
 		for _, e := range ov.Env {
+			if kind := validation.EnvReference(e); kind != "" {
+				// Refused at admission since; an object admitted before is
+				// not obeyed here either.
+				warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s: engineOverrides variable %s reads a %s; not injected (engineOverrides may not read Secrets or ConfigMaps)",
+					cb.Namespace, cb.Name, e.Name, kind))
+				continue
+			}
 			if i := slices.IndexFunc(env, func(x corev1.EnvVar) bool { return x.Name == e.Name }); i >= 0 {
 				env[i] = e
 			} else {
@@ -191,12 +263,15 @@ func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegratio
 	}{"LMCacheConnectorV1", cmp.Or(role, "kv_both")})
 	args = []string{"--kv-transfer-config=" + string(b)}
 	env = []corev1.EnvVar{{Name: "LMCACHE_LOCAL_CPU", Value: "False"}}
-	ep := cb.Status.Endpoint
+	// A managed backend's address is its Service's, fixed by its name: a pod
+	// admitted before the controller first reconciled the backend gets it
+	// too. An External backend's is its spec.endpoint.
+	ep := controller.ManagedEndpoint(cb)
 	if cb.Spec.Type == v1alpha1.BackendExternal {
 		ep = cb.Spec.Endpoint
 	}
 	if ep == "" {
-		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s has no endpoint yet (status.endpoint); LMCACHE_REMOTE_URL was not set, recreate the pod once the backend is ready",
+		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s of type External has no spec.endpoint; LMCACHE_REMOTE_URL was not set, recreate the pod once the backend has one",
 			cb.Namespace, cb.Name))
 		return args, env, warnings
 	}
@@ -207,35 +282,56 @@ func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegratio
 	return args, env, warnings
 }
 
-// subscriber is the kvevent-subscriber sidecar (contract §7.1): replica id
-// and tenant id from the downward API, the engine's publisher and replay on
-// loopback, evicted blocks re-reported at T2 when an offload tier exists.
-func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjectorOptions) corev1.Container {
+// rank is the data-parallel rank a subscriber follows: index of of.
+type rank struct{ index, of int }
+
+// subscriber is the kvevent-subscriber sidecar of rank r (contract §7.1):
+// replica id and tenant id from the downward API, the engine's publisher
+// and replay on loopback, evicted blocks re-reported at T2 when an offload
+// tier exists. With one rank the replica is the pod ($(POD_NAME)); with
+// R > 1 ranks rank r is the replica $(POD_NAME)-dp<r>, in container
+// kvevent-subscriber-dp<r>, with its own ports, state file and metrics
+// listener.
+func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjectorOptions, r rank) corev1.Container {
 	metrics := vllmMetricsURL
 	if in.Engine == "sglang" {
 		metrics = sglangMetricURL
 	}
+	name, replica, state := SubscriberContainer, "$(POD_NAME)", subscriberStateDir+"/state"
+	if r.of > 1 {
+		suffix := fmt.Sprintf("-dp%d", r.index)
+		name, replica, state = name+suffix, replica+suffix, state+suffix
+	}
 	args := []string{
-		"--replica-id=$(POD_NAME)",
+		"--replica-id=" + replica,
 		"--tenant-id=$(POD_NAMESPACE)",
 		"--model-id=" + model,
 		"--hash-scheme=" + in.Engine,
-		"--engine-endpoint=tcp://127.0.0.1:" + kvEventsPort,
-		"--engine-replay-endpoint=tcp://127.0.0.1:" + kvReplayPort,
+		"--engine-endpoint=" + loopbackTCP(kvEventsPort+r.index),
+		"--engine-replay-endpoint=" + loopbackTCP(kvEventsPort+r.of+r.index),
 		"--topic=" + kvEventsTopic,
+		// Rank-filtered engine stats need a subscriber flag that does not
+		// exist yet: every rank reports the engine's whole /metrics.
 		"--engine-metrics-url=" + metrics,
 		fmt.Sprintf("--ignore-block-removed=%t", in.Mode == v1alpha1.IntegrationOffload),
-		"--state-file=" + subscriberStateDir + "/state",
+		"--state-file=" + state,
 	}
-	if o.ServerAddress != "" {
+	if r.of > 1 {
+		args = append(args, fmt.Sprintf("--metrics-bind-address=:%d", subscriberMetricsPort+r.index))
+	}
+	switch {
+	case o.NATSURL != "":
+		args = append(args, "--nats-url="+o.NATSURL)
+	case o.ServerAddress != "":
 		args = append(args, "--server-address="+o.ServerAddress)
 	}
 	field := func(path string) *corev1.EnvVarSource {
 		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}
 	}
 	no, yes := false, true
+	uid := int64(subscriberUser)
 	return corev1.Container{
-		Name:  SubscriberContainer,
+		Name:  name,
 		Image: o.SubscriberImage,
 		Args:  args,
 		Env: []corev1.EnvVar{
@@ -247,11 +343,17 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 		},
 		VolumeMounts: []corev1.VolumeMount{{Name: subscriberStateVolume, MountPath: subscriberStateDir}},
+		// The restricted profile, and the images' nonroot user set
+		// explicitly: the engine pod's own securityContext (often root, for
+		// GPU drivers) must not carry over to the sidecar.
 		SecurityContext: &corev1.SecurityContext{
+			RunAsUser:                &uid,
+			RunAsGroup:               &uid,
+			RunAsNonRoot:             &yes,
 			AllowPrivilegeEscalation: &no,
 			ReadOnlyRootFilesystem:   &yes,
-			RunAsNonRoot:             &yes,
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 	}
 }
