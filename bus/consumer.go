@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/inferencecache/inferencecache/internal/reconnect"
 )
 
 // Consumer defaults.
@@ -181,24 +183,13 @@ func (c *Consumer) Progress() Progress {
 	return p
 }
 
-// Run consumes until ctx ends; it returns ctx.Err().
+// Run consumes until ctx ends; it returns ctx.Err(). A session that ends
+// while ctx is live is logged and followed by a new one after retryMin,
+// doubling to retryMax, never reset (reconnect.Loop).
 func (c *Consumer) Run(ctx context.Context) error {
-	wait := retryMin
-	for {
-		err := c.session(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	return reconnect.Loop(ctx, reconnect.Backoff{Min: retryMin, Max: retryMax}, c.session, func(err error, wait time.Duration) {
 		c.log.Warn("NATS consumer session ended; starting a new one", "err", err, "after", wait, "last_seq", c.lastSeq.Load())
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		wait = min(2*wait, retryMax)
-	}
+	})
 }
 
 // waitConnected waits until nc is connected or ctx ends.

@@ -12,6 +12,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/inferencecache/inferencecache/internal/reconnect"
 	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
@@ -542,72 +543,74 @@ func (s *Subscriber) dropBatch(err error) {
 }
 
 // receive dials the engine's PUB endpoint and passes messages to out,
-// re-dialing after ReconnectBackoff whenever the connection fails.
+// re-dialing after ReconnectBackoff (a constant wait) whenever the
+// connection fails; each re-dial is counted (zmq_reconnects_total). A ctx
+// ended before the first dial dials nothing.
 func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
-	first := true
-	var conn uint64
-	for ctx.Err() == nil {
-		if !first {
-			s.metrics.reconnect()
-			if !sleepCtx(ctx, s.cfg.ReconnectBackoff) {
-				return
+	if ctx.Err() != nil {
+		return
+	}
+	var conn uint64 // connections made so far: message.conn
+	_ = reconnect.Loop(ctx, reconnect.Backoff{Min: s.cfg.ReconnectBackoff, Max: s.cfg.ReconnectBackoff},
+		func(ctx context.Context) error { return s.connection(ctx, out, &conn) },
+		func(error, time.Duration) { s.metrics.reconnect() })
+}
+
+// connection dials the engine once and passes messages to out until the
+// connection fails (logged here) or ctx ends; it returns the error that
+// ended it. A connection made increments *conn. receive's goroutine only.
+func (s *Subscriber) connection(ctx context.Context, out chan<- message, conn *uint64) error {
+	refusal := &frameRefusal{}
+	sock := zmq4.NewSub(withFrameRefusal(ctx, refusal), zmq4.WithLogger(zmqLogger), zmq4.WithDialerMaxRetries(0),
+		zmq4.WithDialerTimeout(s.cfg.ReconnectBackoff))
+	defer func() { _ = sock.Close() }()
+	// A refused frame closes the connection; whatever zmq4 call comes
+	// next fails with "closed connection", so the refusal is logged as
+	// the reason.
+	lost := func(what string, err error) {
+		if r := refusal.Err(); r != nil {
+			s.log.Warn("the engine's ZMTP frame is over the limit; dropping the connection and dialing again",
+				"endpoint", s.cfg.Endpoint, "err", r)
+			return
+		}
+		switch what {
+		case "dial":
+			s.log.Debug("cannot dial engine; retrying", "endpoint", s.cfg.Endpoint, "err", err)
+		case "subscribe":
+			s.log.Warn("cannot subscribe; retrying", "topic", s.cfg.Topic, "err", err)
+		default:
+			s.log.Info("engine connection lost; reconnecting", "err", err)
+		}
+	}
+	if err := sock.Dial(limitedEndpoint(s.cfg.Endpoint)); err != nil {
+		lost("dial", err)
+		return err
+	}
+	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
+		lost("subscribe", err)
+		return err
+	}
+	*conn++
+	s.connNow.Store(*conn)
+	select {
+	case out <- message{conn: *conn, connected: true}:
+	case <-ctx.Done():
+	}
+	for {
+		msg, err := sock.Recv()
+		if err != nil {
+			if ctx.Err() == nil {
+				lost("recv", err)
 			}
+			return err
 		}
-		first = false
-		refusal := &frameRefusal{}
-		sock := zmq4.NewSub(withFrameRefusal(ctx, refusal), zmq4.WithLogger(zmqLogger), zmq4.WithDialerMaxRetries(0),
-			zmq4.WithDialerTimeout(s.cfg.ReconnectBackoff))
-		// A refused frame closes the connection; whatever zmq4 call comes
-		// next fails with "closed connection", so the refusal is logged as
-		// the reason.
-		lost := func(what string, err error) {
-			if r := refusal.Err(); r != nil {
-				s.log.Warn("the engine's ZMTP frame is over the limit; dropping the connection and dialing again",
-					"endpoint", s.cfg.Endpoint, "err", r)
-				return
-			}
-			switch what {
-			case "dial":
-				s.log.Debug("cannot dial engine; retrying", "endpoint", s.cfg.Endpoint, "err", err)
-			case "subscribe":
-				s.log.Warn("cannot subscribe; retrying", "topic", s.cfg.Topic, "err", err)
-			default:
-				s.log.Info("engine connection lost; reconnecting", "err", err)
-			}
-		}
-		if err := sock.Dial(limitedEndpoint(s.cfg.Endpoint)); err != nil {
-			lost("dial", err)
-			_ = sock.Close()
-			continue
-		}
-		if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-			lost("subscribe", err)
-			_ = sock.Close()
-			continue
-		}
-		conn++
-		s.connNow.Store(conn)
 		select {
-		case out <- message{conn: conn, connected: true}:
+		case out <- message{frames: msg.Frames, conn: *conn}:
 		case <-ctx.Done():
 		}
-		for {
-			msg, err := sock.Recv()
-			if err != nil {
-				if ctx.Err() == nil {
-					lost("recv", err)
-				}
-				break
-			}
-			select {
-			case out <- message{frames: msg.Frames, conn: conn}:
-			case <-ctx.Done():
-			}
-			if ctx.Err() != nil {
-				break
-			}
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
-		_ = sock.Close()
 	}
 }
 
