@@ -76,8 +76,9 @@ const (
 	MaxConcurrentTokenize = 64
 	// MaxIDBytes caps every id a request carries: tenant_id, model_id,
 	// replica_id, hash_scheme and adapter_id (an update's and each prefix
-	// entry's). Longer ids are refused with InvalidArgument on the producer
-	// RPCs and answered NO_HINT by LookupRoute, before the index is read.
+	// entry's). A longer id gets the one id rule (limits.go, docs/wire.md):
+	// NO_HINT from the lookups before the index is read, the fixed answer
+	// of the fail-open stubs, InvalidArgument from every other method.
 	// Kubernetes names, Hugging Face model ids and engine paths fit well
 	// within it.
 	MaxIDBytes = 1024
