@@ -299,7 +299,7 @@ func (c *Consumer) apply(batch []Message) {
 	for _, m := range batch {
 		c.byKind[m.Kind].Add(1)
 		if m.Kind == KindUnknown {
-			c.log.Warn("skipping a NATS message without a known kind header", "subject", m.Subject, "seq", m.Seq)
+			unknownKindLog.Warn(context.Background(), c.log, "skipping a NATS message without a known kind header", "subject", m.Subject, "seq", m.Seq)
 			c.lastSeq.Store(m.Seq)
 			continue
 		}

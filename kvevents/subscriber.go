@@ -472,7 +472,7 @@ func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) {
 func (s *Subscriber) dropBatch(err error) {
 	reason := DecodeReason(err)
 	s.metrics.batchDropped(reason)
-	s.log.Warn("skipping undecodable event batch", "reason", reason, "err", err)
+	badBatchLog.Warn(context.Background(), s.log, "skipping undecodable event batch", "reason", reason, "err", err)
 }
 
 // receive dials the engine's PUB endpoint and passes messages to out,

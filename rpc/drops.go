@@ -1,7 +1,7 @@
 package rpc
 
 import (
-	"time"
+	"context"
 
 	"github.com/inferencecache/inferencecache/engine"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
@@ -196,12 +196,7 @@ func (s *Service) dropped(t *dropTally, tenant, model, replica string) {
 		return
 	}
 	total := s.droppedReports.Add(int64(n))
-	now := s.now().UnixNano()
-	last := s.lastDropLog.Load()
-	if last != 0 && now-last < int64(time.Minute) || !s.lastDropLog.CompareAndSwap(last, now) {
-		return
-	}
-	s.log.Warn("producer reports dropped (logged at most once a minute; see inferencecache_dropped_reports_total)",
+	s.dropLog.Warn(context.Background(), s.log, "producer reports dropped (logged at most once a minute; see inferencecache_dropped_reports_total)",
 		"reason", dropReasonNames[first], "reports", n, "tenant", clip(tenant), "model", clip(model), "replica", clip(replica),
 		"total", total)
 }

@@ -153,6 +153,8 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 	// refuse them): NO_HINT before any work, after the checks the contract
 	// ranks above it.
 	if !lookupIDsFit(req) {
+		s.oversizedLookupLog.Warn(ctx, s.log, "lookups with an id over the limit answered NO_HINT (logged at most once a minute)",
+			"limit", MaxIDBytes, "tenant", clip(req.GetTenantId()), "model", clip(model))
 		s.emptyResponse(resp, model, ReasonNoHint, start, nil)
 		return
 	}
@@ -482,15 +484,10 @@ func (s *Service) tokenizeInput(ctx context.Context, model, text string, pt *pol
 // minute.
 func (s *Service) promptFailedOpen(noTokenizer bool) {
 	n := s.promptFailOpen.Add(1)
-	now := s.now().UnixNano()
-	last := s.lastPromptLog.Load()
-	if now-last < int64(time.Minute) || !s.lastPromptLog.CompareAndSwap(last, now) {
-		return
-	}
 	if noTokenizer {
-		s.log.Warn("prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n)
+		s.promptLog.Warn(context.Background(), s.log, "prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n)
 	} else {
-		s.log.Warn("prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n)
+		s.promptLog.Warn(context.Background(), s.log, "prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n)
 	}
 }
 

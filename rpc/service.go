@@ -40,6 +40,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -209,18 +210,18 @@ type Service struct {
 	// promptFailOpen counts prompt_text lookups that failed open before
 	// fingerprinting: no tokenizer, a text over MaxPromptTextBytes, every
 	// tokenize slot busy, or a tokenizer error, empty or oversized output.
-	// Handlers add to it; PromptTextFailOpens loads it. lastPromptLog is
-	// the UnixNano of the last WARN about it, CAS-updated by handlers to
-	// rate-limit the log to one a minute.
+	// Handlers add to it; PromptTextFailOpens loads it.
 	promptFailOpen atomic.Int64
-	lastPromptLog  atomic.Int64
 
 	// droppedReports counts producer reports the index did not apply (see
 	// DropReasons); handlers add to it, DroppedReports loads it.
-	// lastDropLog is the UnixNano of the last WARN about them (0: none
-	// yet), CAS-updated by handlers to rate-limit the log to one a minute.
 	droppedReports atomic.Int64
-	lastDropLog    atomic.Int64
+
+	// The WARN lines requests can trigger, each at most once a minute (the
+	// next one counts those held back): prompt_text fail-opens, dropped
+	// producer reports, lookups with an oversized id. Immutable pointers to
+	// lock-free limiters.
+	promptLog, dropLog, oversizedLookupLog *ratelog.Limiter
 
 	// batcher combines concurrent report streams' updates into IngestBatch
 	// calls; nil when the index cannot batch (then every update goes
@@ -293,6 +294,9 @@ func NewService(cfg Config) (*Service, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.promptLog = ratelog.NewWithClock(1, time.Minute, s.now)
+	s.dropLog = ratelog.NewWithClock(1, time.Minute, s.now)
+	s.oversizedLookupLog = ratelog.NewWithClock(1, time.Minute, s.now)
 	s.scratch.New = func() any { return new(lookupScratch) }
 	s.lookupUnary = s.serveLookupUnary
 	if bi, ok := cfg.Index.(batchIndex); ok {

@@ -51,6 +51,7 @@ import (
 	"github.com/inferencecache/inferencecache/controlserver"
 	"github.com/inferencecache/inferencecache/controlserver/auth"
 	"github.com/inferencecache/inferencecache/engine"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	"github.com/inferencecache/inferencecache/policy"
 	"github.com/inferencecache/inferencecache/probe"
 	"github.com/inferencecache/inferencecache/rpc"
@@ -197,6 +198,9 @@ var (
 type Server struct {
 	cfg Config
 	log *slog.Logger
+	// panicLogs rate-limits the recovered-panic log per listener (built by
+	// New, read-only afterwards; the limiters are safe for concurrent use).
+	panicLogs map[string]*ratelog.Limiter
 	// instanceID is random per New: producers read it from the gRPC
 	// response headers of ReportCacheState and PublishEvent, the
 	// controller from /snapshot, and both take a change for a restart.
@@ -257,7 +261,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, instanceID: id, readyCh: make(chan struct{}), tls: creds != nil}
+	s := &Server{cfg: cfg, log: log, instanceID: id, readyCh: make(chan struct{}), tls: creds != nil, panicLogs: newPanicLogs()}
 	s.metrics, err = servermetrics.NewWithOptions(servermetrics.Options{Models: cfg.MetricsModels, ModelGrace: cfg.MetricsModelGrace})
 	if err != nil {
 		return nil, fmt.Errorf("%w: --metrics-models or --metrics-model-grace: %w", ErrInvalidConfig, err)
