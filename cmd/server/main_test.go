@@ -49,6 +49,9 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		"bad block size":   {[]string{"--insecure-disable-auth", "--engine-block-size", "0"}, "--engine-block-size"},
 		"shared model":     {[]string{"--insecure-disable-auth", "--metrics-models", "llama,__other__"}, "--metrics-models"},
 		"negative grace":   {[]string{"--insecure-disable-auth", "--metrics-model-grace", "-1s"}, "--metrics-model-grace"},
+		"negative models":  {[]string{"--insecure-disable-auth", "--metrics-max-models", "-1"}, "--metrics-max-models"},
+		"negative scrapes": {[]string{"--insecure-disable-auth", "--metrics-max-scrapes", "-1"}, "--metrics-max-scrapes"},
+		"negative timeout": {[]string{"--insecure-disable-auth", "--metrics-scrape-timeout", "-1s"}, "--metrics-scrape-timeout"},
 		"bad NATS stream":  {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-stream", "a.b"}, "stream name"},
 		"negative lag":     {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-ready-lag", "-1"}, "--nats-ready-lag"},
 	} {
