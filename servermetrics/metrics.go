@@ -200,7 +200,7 @@ type modelEntry struct {
 	configured bool
 	// keys is the index's last count for the model.
 	keys int64
-	// ranked lookups is lookups at the previous ranking pass.
+	// rankedLookups is lookups at the previous ranking pass.
 	rankedLookups int64
 	// drainedAt is when the index last reported 0 keys for the model; zero
 	// while it holds keys.

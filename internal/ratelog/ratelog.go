@@ -13,6 +13,13 @@
 //	}
 //	h.badPush.Warn(ctx, log, "policy push rejected", "err", err)
 //
+// On a hot path, call Allow first so a held-back line costs nothing but
+// the bucket, not its arguments:
+//
+//	if held, ok := s.dropLog.Allow(); ok {
+//		s.log.Warn("reports dropped", "tenant", clip(t), ratelog.SuppressedKey, held)
+//	}
+//
 // A Limiter is safe for concurrent use and lock-free: Allow is one atomic
 // load and add when it holds a line back, so a hot path (a lookup, an
 // update) can call it on every bad request. The zero value is ready to use;
