@@ -99,8 +99,6 @@ type Consumer struct {
 	sessions     atomic.Uint64 // consumer sessions begun
 	streamResets atomic.Uint64 // streams found re-created
 	byKind       [3]atomic.Uint64
-	// lastWarn rate-limits the warning about unknown kinds (unix nanos).
-	lastWarn atomic.Int64
 }
 
 // NewConsumer returns a Consumer on nc (which the caller closes).
@@ -415,7 +413,7 @@ func (c *Consumer) apply(batch []Message) {
 		seq = max(seq, m.Seq)
 		c.byKind[m.Kind].Add(1)
 		if m.Kind == KindUnknown {
-			c.warn("skipping a NATS message without a known kind header", "subject", m.Subject, "seq", m.Seq)
+			unknownKindLog.Warn(context.Background(), c.log, "skipping a NATS message without a known kind header", "subject", m.Subject, "seq", m.Seq)
 			continue
 		}
 		known = append(known, m)
@@ -430,16 +428,6 @@ func (c *Consumer) apply(batch []Message) {
 	pending := batch[len(batch)-1].pending
 	c.lag.Store(pending)
 	c.noteLag(pending)
-}
-
-// warn logs at most once per 10 s at WARN, else at DEBUG.
-func (c *Consumer) warn(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	if last := c.lastWarn.Load(); now-last > int64(10*time.Second) && c.lastWarn.CompareAndSwap(last, now) {
-		c.log.Warn(msg, args...)
-		return
-	}
-	c.log.Debug(msg, args...)
 }
 
 // noteLag records a lag reading: current at 0; caught up at 0, or at

@@ -55,7 +55,7 @@ func (e *Engine) Memory() MemoryStats {
 }
 
 func (e *Engine) queueBytesLocked() int64 {
-	n := e.capq.bytes()
+	n := e.capAcct.bytes()
 	for _, q := range e.quotas {
 		n += q.bytes()
 	}

@@ -677,7 +677,7 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 		// The server refused the content itself (an id over its limit):
 		// retrying would block the replica behind it forever. Drop the op,
 		// counted in forward_errors_total and logged.
-		f.cfg.Logger.Warn("server refused a forwarded update; dropping it", "err", err)
+		refusedForwardLog.Warn(context.Background(), f.cfg.Logger, "server refused a forwarded update; dropping it", "err", err)
 	}
 	f.popLocked()
 	return true, len(f.queue) > 0

@@ -539,7 +539,7 @@ func (s *Subscriber) apply(ctx context.Context, payload []byte, tracked bool) bo
 func (s *Subscriber) dropBatch(err error) {
 	reason := wire.DecodeReason(err)
 	s.metrics.batchDropped(reason)
-	s.log.Warn("undecodable event batch", "reason", reason, "err", err)
+	badBatchLog.Warn(context.Background(), s.log, "undecodable event batch", "reason", reason, "err", err)
 }
 
 // receive dials the engine's PUB endpoint and passes messages to out,

@@ -87,6 +87,9 @@ func checkLookupDecode(t *testing.T, call *lookupCall, data []byte) {
 	want := new(pb.LookupRouteRequest)
 	errW := proto.Unmarshal(data, want)
 	errG := Codec{}.Unmarshal(split(data), call)
+	if errG == nil {
+		errG = call.decodeErr // how the codec reports it to the handler
+	}
 	if (errW == nil) != (errG == nil) {
 		t.Fatalf("LookupRouteRequest %x: proto error %v, codec error %v", data, errW, errG)
 	}
@@ -99,6 +102,9 @@ func checkUpdateDecode(t *testing.T, upd *updateMsg, data []byte) {
 	want := new(pb.CacheStateUpdate)
 	errW := proto.Unmarshal(data, want)
 	errG := Codec{}.Unmarshal(split(data), upd)
+	if errG == nil {
+		errG = upd.decodeErr // how the codec reports it to the handler
+	}
 	if (errW == nil) != (errG == nil) {
 		t.Fatalf("CacheStateUpdate %x: proto error %v, codec error %v", data, errW, errG)
 	}

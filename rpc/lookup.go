@@ -9,6 +9,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	"github.com/inferencecache/inferencecache/policy"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
@@ -153,6 +154,10 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 	// refuse them): NO_HINT before any work, after the checks the contract
 	// ranks above it.
 	if !lookupIDsFit(req) {
+		if held, ok := s.oversizedLookupLog.Allow(); ok {
+			s.log.Warn("lookups with an id over the limit answered NO_HINT (logged at most once a minute)",
+				"limit", MaxIDBytes, "tenant", clip(req.GetTenantId()), "model", clip(model), ratelog.SuppressedKey, held)
+		}
 		s.emptyResponse(resp, model, ReasonNoHint, start, nil)
 		return
 	}
@@ -482,15 +487,13 @@ func (s *Service) tokenizeInput(ctx context.Context, model, text string, pt *pol
 // minute.
 func (s *Service) promptFailedOpen(noTokenizer bool) {
 	n := s.promptFailOpen.Add(1)
-	now := s.now().UnixNano()
-	last := s.lastPromptLog.Load()
-	if now-last < int64(time.Minute) || !s.lastPromptLog.CompareAndSwap(last, now) {
-		return
-	}
-	if noTokenizer {
-		s.log.Warn("prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n)
-	} else {
-		s.log.Warn("prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n)
+	held, ok := s.promptLog.Allow()
+	switch {
+	case !ok:
+	case noTokenizer:
+		s.log.Warn("prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n, ratelog.SuppressedKey, held)
+	default:
+		s.log.Warn("prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n, ratelog.SuppressedKey, held)
 	}
 }
 

@@ -7,12 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/inferencecache/inferencecache/bus"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -49,8 +49,9 @@ type busApplier struct {
 	subj []byte
 	// drops counts messages not applied, by reason; read by metrics.
 	malformed, refused, panics, subject atomic.Uint64
-	// lastWarn rate-limits the drop log (unix nanos).
-	lastWarn atomic.Int64
+	// One limiter per log call site a stream message can trigger (the
+	// zero value: one line per 10 s, the next counting those held back).
+	malformedUpdateLog, refusedUpdateLog, malformedEventLog, refusedEventLog, panicLog, subjectLog ratelog.Limiter
 }
 
 // Reasons of inferencecache_bus_messages_dropped_total.
@@ -69,7 +70,7 @@ func (a *busApplier) subjectMatches(m *bus.Message, tenant, model string) bool {
 		return true
 	}
 	a.subject.Add(1)
-	a.warn("dropping a NATS message whose subject is not its payload's tenant and model", "subject", m.Subject, "seq", m.Seq,
+	a.subjectLog.Warn(context.Background(), a.log, "dropping a NATS message whose subject is not its payload's tenant and model", "subject", m.Subject, "seq", m.Seq,
 		"payload_subject", string(a.subj))
 	return false
 }
@@ -97,7 +98,7 @@ func (a *busApplier) updates(msgs []bus.Message) {
 	st := &busStream{ctx: context.Background(), msgs: msgs, a: a}
 	if err := a.s.service.ReportCacheState(st); err != nil {
 		a.refused.Add(1)
-		a.warn("a NATS update was refused", "err", err)
+		a.refusedUpdateLog.Warn(context.Background(), a.log, "a NATS update was refused", "err", err)
 	}
 }
 
@@ -106,7 +107,7 @@ func (a *busApplier) event(m bus.Message) {
 	var ev pb.CacheEvent
 	if err := bus.DecodeEvent(m.Data, &ev); err != nil {
 		a.malformed.Add(1)
-		a.warn("skipping a malformed NATS event", "subject", m.Subject, "seq", m.Seq, "err", err)
+		a.malformedEventLog.Warn(context.Background(), a.log, "skipping a malformed NATS event", "subject", m.Subject, "seq", m.Seq, "err", err)
 		return
 	}
 	if !a.subjectMatches(&m, ev.GetTenantId(), ev.GetModelId()) {
@@ -117,25 +118,15 @@ func (a *busApplier) event(m bus.Message) {
 	}
 	if _, err := a.s.service.PublishEvent(context.Background(), &ev); err != nil {
 		a.refused.Add(1)
-		a.warn("a NATS event was refused", "subject", m.Subject, "seq", m.Seq, "err", err)
+		a.refusedEventLog.Warn(context.Background(), a.log, "a NATS event was refused", "subject", m.Subject, "seq", m.Seq, "err", err)
 	}
 }
 
 func (a *busApplier) recover() {
 	if r := recover(); r != nil {
 		a.panics.Add(1)
-		a.s.log.Error("BUG: panic applying a NATS message; skipped", "panic", r)
+		a.panicLog.Error(context.Background(), a.s.log, "BUG: panic applying a NATS message; skipped", "panic", r)
 	}
-}
-
-// warn logs at most once per 10 s at WARN, else at DEBUG.
-func (a *busApplier) warn(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	if last := a.lastWarn.Load(); now-last > int64(10*time.Second) && a.lastWarn.CompareAndSwap(last, now) {
-		a.log.Warn(msg, args...)
-		return
-	}
-	a.log.Debug(msg, args...)
 }
 
 // busStream presents stream messages to Service.ReportCacheState as a
@@ -159,7 +150,7 @@ func (s *busStream) RecvMsg(m any) error {
 		s.msgs = s.msgs[1:]
 		if err := bus.DecodeUpdate(msg.Data, u); err != nil {
 			s.a.malformed.Add(1)
-			s.a.warn("skipping a malformed NATS update", "subject", msg.Subject, "seq", msg.Seq, "err", err)
+			s.a.malformedUpdateLog.Warn(s.ctx, s.a.log, "skipping a malformed NATS update", "subject", msg.Subject, "seq", msg.Seq, "err", err)
 			continue
 		}
 		if !s.a.subjectMatches(&msg, u.GetTenantId(), u.GetModelId()) {
