@@ -203,7 +203,7 @@ func DefaultConfig() Config {
 		MetricsMaxModels:     servermetrics.DefaultMaxModels,
 		MetricsMaxScrapes:    servermetrics.DefaultMaxScrapesInFlight,
 		MetricsScrapeTimeout: servermetrics.DefaultScrapeTimeout,
-		Picker: PickerConfig{Addr: DefaultPickerAddr},
+		Picker:               PickerConfig{Addr: DefaultPickerAddr},
 	}
 }
 
