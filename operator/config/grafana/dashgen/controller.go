@@ -31,7 +31,10 @@ var webhookLatencyThreshold = []step{{0, "green"}, {1, "yellow"}, {5, "red"}}
 
 func controllerVars() []cog.Builder[dashboard.VariableModel] {
 	return []cog.Builder[dashboard.VariableModel]{
-		queryVar("job", "Controller job", `label_values(controller_runtime_reconcile_total{controller="policy-propagation"}, job)`, true),
+		// One job, no "All": controller_runtime_*, workqueue_*, up and
+		// leader_election_* come from every controller-runtime operator
+		// and every target; the job pins them to this controller.
+		queryVar("job", "Controller job", `label_values(controller_runtime_reconcile_total{controller="policy-propagation"}, job)`, false),
 		queryVar("namespace", "Namespace", `label_values(controller_runtime_reconcile_total{controller="policy-propagation", job=~"$job"}, namespace)`, true),
 		queryVar("server_job", "Server job", `label_values(inferencecache_server_up{namespace=~"$namespace"}, job)`, true),
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 )
 
@@ -25,19 +26,24 @@ var varSubst = map[string]string{"__rate_interval": "2m", "__range": "3h", "__in
 // labelValues is a query variable's label_values(selector, label).
 var labelValues = regexp.MustCompile(`^label_values\((.+), *(\w+)\)$`)
 
+// substVars replaces each variable reference as Grafana would: the
+// built-in intervals by durations, a dashboard variable $x by the value
+// "value-of-x".
+func substVars(s string) string {
+	return varRef.ReplaceAllStringFunc(s, func(m string) string {
+		name := strings.Trim(m, "${}")
+		if v, ok := varSubst[name]; ok {
+			return v
+		}
+		return "value-of-" + name
+	})
+}
+
 // dashboardQueries lists every query and variable query of the committed
 // dashboards, each variable replaced as Grafana would.
 func dashboardQueries(t *testing.T) []pquery {
 	t.Helper()
-	subst := func(s string) string {
-		return varRef.ReplaceAllStringFunc(s, func(m string) string {
-			name := strings.Trim(m, "${}")
-			if v, ok := varSubst[name]; ok {
-				return v
-			}
-			return "value-of-" + name
-		})
-	}
+	subst := substVars
 	var out []pquery
 	for _, d := range loadDashboards(t) {
 		for _, p := range d.allPanels() {
@@ -110,5 +116,56 @@ func unparen(e parser.Expr) parser.Expr {
 			return e
 		}
 		e = p.Expr
+	}
+}
+
+// TestSharedMetricsArePinned: a metric other exporters expose too (up,
+// controller_runtime_*, workqueue_*, leader_election_*, apiserver_*) is
+// only ever selected pinned to this project: by a job variable that
+// offers no "All", by a literal label value naming inferencecache, or by a
+// literal controller name. Otherwise "All" would sum every operator's
+// reconciles, or every target's up.
+func TestSharedMetricsArePinned(t *testing.T) {
+	for _, d := range loadDashboards(t) {
+		vars := d.vars()
+		check := func(where, raw string) {
+			q := pquery{Where: where, Expr: substVars(raw)}
+			expr, err := parse(q)
+			if err != nil {
+				t.Errorf("%s: %v", where, err)
+				return
+			}
+			parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
+				vs, ok := n.(*parser.VectorSelector)
+				if !ok || strings.HasPrefix(vs.Name, "inferencecache_") {
+					return nil
+				}
+				for _, m := range vs.LabelMatchers {
+					v, isVar := strings.CutPrefix(m.Value, "value-of-")
+					switch {
+					case m.Name == "job" && isVar && !vars[v].IncludeAll:
+						return nil
+					case !isVar && strings.Contains(m.Value, "inferencecache"):
+						return nil
+					case !isVar && m.Name == "controller" && m.Type == labels.MatchEqual:
+						return nil
+					}
+				}
+				t.Errorf("%s: %s is not pinned to this project (a job variable without All, or a literal matcher)", where, vs)
+				return nil
+			})
+		}
+		for _, p := range d.allPanels() {
+			for _, tg := range p.Targets {
+				check(d.file+": "+p.Title, tg.Expr)
+			}
+		}
+		for _, v := range d.Templating.List {
+			if q, ok := v.Query.(string); ok && v.Type == "query" {
+				if m := labelValues.FindStringSubmatch(q); m != nil {
+					check(d.file+": variable "+v.Name, m[1])
+				}
+			}
+		}
 	}
 }
