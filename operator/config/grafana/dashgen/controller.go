@@ -106,7 +106,7 @@ func controllerBoard() board {
 			}},
 			{"CacheBackends", []panel{
 				{Title: "Functional probe failures by backend and stage", Unit: "short", Steps: zeroIsGood,
-					Desc:    "Failed /probe stages (ingest, routing, t2) per scrape interval: what sets a CacheBackend's FunctionalProbeOK condition to False.",
+					Desc:    "Failed /probe stages (ingest, routing, t2) per rate window: what sets a CacheBackend's FunctionalProbeOK condition to False.",
 					Queries: []query{{sumBy("backend, stage", increase(ctl.of(probeResults, `result="failed"`))), "{{backend}} {{stage}}"}}},
 				{Title: "Probe outcomes", Unit: "ops", Stack: true,
 					Desc:    "Per-stage probe outcomes per second: ok, failed, skipped (three per answered /probe call).",
@@ -118,7 +118,7 @@ func controllerBoard() board {
 					Desc:    "Tier-2 query tokens per second: tells an actively queried backend from an idle one.",
 					Queries: []query{{sumBy("backend", rate(ctl.of("inferencecache_backend_t2_query_tokens_total"))), "{{backend}}"}}},
 				{Title: "Server restart cascades", Unit: "short",
-					Desc:    "Restart-cascade decisions after a cache-server pod was replaced (engines rolled to reconnect), per scrape interval; at most one per backend every ~30 s.",
+					Desc:    "Restart-cascade decisions after a cache-server pod was replaced (engines rolled to reconnect), per rate window; at most one per backend every ~30 s.",
 					Queries: []query{{sumBy("backend", increase(ctl.of("inferencecache_backend_server_restart_cascades_total"))), "{{backend}}"}}},
 				{Title: "CacheBackend reconciles", Unit: "ops",
 					Desc: "The cachebackend controller's reconciles by result and its errors: provisioning failures (Ready, Progressing, Degraded) surface here first.",

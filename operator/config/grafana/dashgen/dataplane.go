@@ -90,7 +90,7 @@ func dataPlane() board {
 					Desc:    "LookupRouteStream streams open per server: gateways on long-lived streams. Falls to 0 on a server that drains.",
 					Queries: []query{{sumBy("pod", srv.of("inferencecache_lookup_streams_open")), "{{pod}}"}}},
 				{Title: "Recovered panics by listener", Unit: "short", Steps: zeroIsGood,
-					Desc:    "Panics recovered per scrape interval, by server pod and listener (grpc, http, control). Each one answered Internal or 500 and was logged with its stack.",
+					Desc:    "Panics recovered per rate window, by server pod and listener (grpc, http, control). Each one answered Internal or 500 and was logged with its stack.",
 					Queries: []query{{sumBy("pod, listener", increase(srv.of("inferencecache_recovered_panics_total"))), "{{pod}} {{listener}}"}}},
 			}},
 			{"Endpoint picker", []panel{
@@ -126,7 +126,7 @@ func dataPlane() board {
 					Desc:    "Finished responses by how their usage was read: read, no_cached_tokens (the engine does not report prompt_tokens_details), absent, unreadable.",
 					Queries: []query{{sumBy("result", rate(srv.of("inferencecache_picker_usage_total"))), "{{result}}"}}},
 				{Title: "Endpoint pool", Unit: "short",
-					Desc: "Endpoints in each picker's pool (Ready pods x target ports, or --endpoints-file), and failed attempts to make a new pool per scrape interval (the last good pool stays).",
+					Desc: "Endpoints in each picker's pool (Ready pods x target ports, or --endpoints-file), and failed attempts to make a new pool per rate window (the last good pool stays).",
 					Queries: []query{
 						{maxBy("pod", srv.of("inferencecache_picker_endpoints")), "{{pod}} endpoints"},
 						{sumBy("reason", increase(srv.of("inferencecache_picker_endpoint_source_failures_total"))), "source failure: {{reason}}"},
@@ -184,7 +184,7 @@ func dataPlane() board {
 						{quantile("0.99", "", srv.of("inferencecache_picker_tokenize_latency_seconds_bucket")), "picker p99"},
 					}},
 				{Title: "Tokenizer loads", Unit: "short",
-					Desc:    "Loads of a model's tokenizer files per scrape interval, by result; a failed load is retried after --tokenizer-retry-after.",
+					Desc:    "Loads of a model's tokenizer files per rate window, by result; a failed load is retried after --tokenizer-retry-after.",
 					Queries: []query{{sumBy("result", increase(srv.of("inferencecache_tokenizer_loads_total"))), "{{result}}"}}},
 				{Title: "Tokenizer load failures by model", Unit: "short", Steps: zeroIsGood,
 					Desc:    "Which model's tokenizer files are broken and why (not_found, load_failed, no_template). Models past the first 64 count as __other__.",

@@ -54,13 +54,13 @@ func feed() board {
 						{sumBy("", rate(sub.of(subMetric+"removed_unknown_blocks_total"))), "removed unknown block"},
 					}},
 				{Title: "Sequence gaps and replay syncs", Unit: "short",
-					Desc: "Gaps on the engine's PUB stream and the replay requests that fill them, by outcome (ok, unavailable, timeout, incomplete, error), per scrape interval. Every SUB connection starts with a replay sync too.",
+					Desc: "Gaps on the engine's PUB stream and the replay requests that fill them, by outcome (ok, unavailable, timeout, incomplete, error), per rate window. Every SUB connection starts with a replay sync too.",
 					Queries: []query{
 						{sumBy("", increase(sub.of(subMetric+"sequence_gaps_total"))), "gaps"},
 						{sumBy("outcome", increase(sub.of(subMetric+"replays_total"))), "replay {{outcome}}"},
 					}},
 				{Title: "Resyncs and re-reports", Unit: "short",
-					Desc: "Clear-and-resync cycles (ALL_CLEARED, then the whole positional index again: after an incomplete replay or a lost delivery) and re-reports without a clear, by reason (sync, server_restart, server_reconnect), per scrape interval.",
+					Desc: "Clear-and-resync cycles (ALL_CLEARED, then the whole positional index again: after an incomplete replay or a lost delivery) and re-reports without a clear, by reason (sync, server_restart, server_reconnect), per rate window.",
 					Queries: []query{
 						{sumBy("", increase(sub.of(subMetric+"resyncs_total"))), "clear-and-resync"},
 						{sumBy("reason", increase(sub.of(subMetric+"rereports_total"))), "re-report: {{reason}}"},
@@ -69,7 +69,7 @@ func feed() board {
 					Desc:    "Engine blocks each subscriber's positional index holds: the engine's cache as the index will see it.",
 					Queries: []query{{maxBy("namespace, pod", sub.of(subMetric+"positional_index_blocks")), "{{namespace}}/{{pod}}"}}},
 				{Title: "Engine links", Unit: "short",
-					Desc: "Engine /metrics scrapes (load and stats) by result per second, SUB socket re-dials and periodic refreshes of the held blocks per scrape interval.",
+					Desc: "Engine /metrics scrapes (load and stats) by result per second, SUB socket re-dials and periodic refreshes of the held blocks per rate window.",
 					Queries: []query{
 						{sumBy("result", rate(sub.of(subMetric+"stats_scrapes_total"))), "stats scrape {{result}}"},
 						{sumBy("", increase(sub.of(subMetric+"zmq_reconnects_total"))), "ZMQ reconnects"},
@@ -93,7 +93,7 @@ func feed() board {
 					Desc:    "Entries waiting to be forwarded, per subscriber: grows while the server or NATS is unreachable.",
 					Queries: []query{{maxBy("namespace, pod", sub.of(subMetric+"forward_buffered_entries")), "{{namespace}}/{{pod}}"}}},
 				{Title: "Lost deliveries and overflows", Unit: "short", Steps: zeroIsGood,
-					Desc: "Deliveries NATS did not store after accepting them (each triggers a clear-and-resync; always 0 over gRPC) and forward buffer overflows (the buffer was dropped), per scrape interval.",
+					Desc: "Deliveries NATS did not store after accepting them (each triggers a clear-and-resync; always 0 over gRPC) and forward buffer overflows (the buffer was dropped), per rate window.",
 					Queries: []query{
 						{sumBy("", increase(sub.of(subMetric+"forward_lost_total"))), "lost deliveries"},
 						{sumBy("", increase(sub.of(subMetric+"buffer_overflows_total"))), "buffer overflows"},
@@ -130,13 +130,13 @@ func feed() board {
 					Desc:    "Applied share of the start replay (the messages the stream held when the server started), per server.",
 					Queries: []query{{minBy("pod", srv.of("inferencecache_bus_replay_progress_ratio")), "{{pod}}"}}},
 				{Title: "Engine restarts and history recoveries", Unit: "short",
-					Desc: "Engine publishers that restarted (sequence went backwards) and replays from the engine's oldest buffered batch after a BlockStored with an unknown parent, by outcome (adopted, no_further, failed), per scrape interval.",
+					Desc: "Engine publishers that restarted (sequence went backwards) and replays from the engine's oldest buffered batch after a BlockStored with an unknown parent, by outcome (adopted, no_further, failed), per rate window.",
 					Queries: []query{
 						{sumBy("", increase(sub.of(subMetric+"engine_restarts_total"))), "engine restarts"},
 						{sumBy("outcome", increase(sub.of(subMetric+"history_recoveries_total"))), "history recovery {{outcome}}"},
 					}},
 				{Title: "Subscriber state file", Unit: "short",
-					Desc: "State file reads at a subscriber's start (ok, missing, invalid, foreign, error) and writes (ok, error), per scrape interval: a restarted sidecar resumes from its saved positional index.",
+					Desc: "State file reads at a subscriber's start (ok, missing, invalid, foreign, error) and writes (ok, error), per rate window: a restarted sidecar resumes from its saved positional index.",
 					Queries: []query{
 						{sumBy("result", increase(sub.of(subMetric+"state_loads_total"))), "load {{result}}"},
 						{sumBy("result", increase(sub.of(subMetric+"state_saves_total"))), "save {{result}}"},

@@ -278,8 +278,9 @@ func (s scope) of(metric string, more ...string) string {
 // least four scrape intervals.
 func rate(sel string) string { return "rate(" + sel + "[$__rate_interval])" }
 
-// increase is increase(sel[$__rate_interval]): events per step, for
-// rare ones a rate would show as tiny fractions.
+// increase is increase(sel[$__rate_interval]): the events of each rate
+// window ("per rate window" in the descriptions), for rare ones a rate
+// would show as tiny fractions.
 func increase(sel string) string { return "increase(" + sel + "[$__rate_interval])" }
 
 // agg is op by (by) (x), or op(x) without grouping.
