@@ -10,11 +10,11 @@ TEST_TIMEOUT ?= 45m
 CHAOS_DURATION ?= 3m
 BIN := $(CURDIR)/bin
 # Modules of their own, so their dependencies (go-containerregistry, the
-# Prometheus rule parser) stay out of the main module's; `make test` and
-# `make lint` cover them too. -mod=mod: rulestest builds the main module
-# through a replace, so a dependency the main module gains reaches its
-# go.sum without a manual tidy.
-NESTED_MODULES := hack/images operator/config/prometheus/rulestest
+# Prometheus rule parser, the Grafana SDK) stay out of the main module's;
+# `make test` and `make lint` cover them too. -mod=mod: rulestest and
+# dashgen build the main module through a replace, so a dependency the
+# main module gains reaches their go.sum without a manual tidy.
+NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/config/grafana/dashgen
 
 .DEFAULT_GOAL := help
 
@@ -44,7 +44,7 @@ test: ## Run every test with -race, and the full tokenizer golden checks without
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \
-	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+	for m in $(NESTED_MODULES); do (cd $$m && KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) $(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
 
 .PHONY: chaos
 chaos: ## Chaos run (docs/scaleout.md): NATS, 3 servers, 4 fake engines with subscribers as real processes, one SIGKILLed every 5-10 s for CHAOS_DURATION (default 3m; CHAOS_SEED reruns a schedule), then every index checked against the engines' truth. `make test` runs it for 60 s.
@@ -68,6 +68,10 @@ lint: ## gofmt, go vet and staticcheck.
 .PHONY: proto
 proto: ## Regenerate the gRPC Go code from rpc/proto.
 	bash hack/proto.sh
+
+.PHONY: dashboards
+dashboards: ## Regenerate the Grafana dashboards (operator/config/grafana/*.json) from their Go definitions in operator/config/grafana/dashgen.
+	cd operator/config/grafana/dashgen && $(GO) run -mod=mod . -out ..
 
 .PHONY: manifests
 manifests: ## Regenerate CRDs and deepcopy code with controller-gen.
