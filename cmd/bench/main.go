@@ -48,6 +48,7 @@ func run(args []string, stdout io.Writer) error {
 		out       = fs.String("out", "bench/results", "output directory")
 		name      = fs.String("name", "", "base name of the output files (default: the workload)")
 		speedup   = fs.Float64("speedup", 1, "divide every arrival time by this (> 1 compresses the stream: heavier load on the same requests)")
+		model     = fs.String("sim-model", "engine", "replica model: engine (full blocks only, tail-first freeing, chunked-prefill interference) or legacy (the model of earlier results)")
 		sens      = fs.Bool("sensitivity", false, "also write <name>-sensitivity.md: inferencecache at event lags 0-1 s and stats intervals 0.5-10 s")
 		cfg       = def
 	)
@@ -69,6 +70,10 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	cfg.CacheBlocks = nil
+	var err error
+	if cfg.Model, err = bench.ParseSimModel(*model); err != nil {
+		return err
+	}
 	if load != engine.DefaultLoadConfig() {
 		cfg.Policies = bench.DefaultPoliciesWith(load)
 	}
@@ -83,7 +88,6 @@ func run(args []string, stdout io.Writer) error {
 		cfg.CacheBlocks = append(cfg.CacheBlocks, n)
 	}
 
-	var err error
 	switch *kind {
 	case "trace":
 		if *trace == "" {
