@@ -71,6 +71,17 @@ type LoadConfig struct {
 	MinMatch float64
 	// MaxAge is how long a load report counts; an older one is unknown.
 	MaxAge time.Duration
+	// ExpectedBytes is the memory of the routing-time entries (expect.go),
+	// counted in the index's byte budget; 0 means DefaultExpectedBytes,
+	// negative none. With a byte budget (Config.MaxBytes) it is at most an
+	// eighth of it.
+	ExpectedBytes int64
+	// ExpectedTTL is the least time an unconfirmed routing-time entry
+	// lives; 0 means DefaultExpectedTTL.
+	ExpectedTTL time.Duration
+	// ExpectedCredit is what an expected token counts for against a stored
+	// one, in (0, 1]; 0 means DefaultExpectedCredit.
+	ExpectedCredit float64
 }
 
 // DefaultLoadConfig returns load-aware routing on, with the defaults.
@@ -94,6 +105,15 @@ func (c *LoadConfig) normalize() {
 	}
 	if c.MaxAge <= 0 {
 		c.MaxAge = DefaultLoadMaxAge
+	}
+	if c.ExpectedBytes == 0 {
+		c.ExpectedBytes = DefaultExpectedBytes
+	}
+	if c.ExpectedTTL <= 0 {
+		c.ExpectedTTL = DefaultExpectedTTL
+	}
+	if !(c.ExpectedCredit > 0 && c.ExpectedCredit <= 1) {
+		c.ExpectedCredit = DefaultExpectedCredit
 	}
 }
 
@@ -268,12 +288,21 @@ type replicaLoad struct {
 	// reconciliation of live run under Engine.mu.
 	live, started, finished atomic.Int64
 
+	// speed is the replica's prefill speed as its KV events show it (tokens
+	// newly stored per µs between two load reports while it had requests
+	// in flight): how fast its queue drains. Written under Engine.mu, read
+	// by lookups.
+	speed ewma
+
 	// Writer state (Engine.mu): newHolders counts keys the replica newly
 	// came to hold, and blockTokens is its last seen block size, which
 	// prices a new legacy entry whose predecessor is not in the update.
 	newHolders  int64
 	blockTokens int32
 }
+
+// speedWeight is the weight of one report interval in the prefill speed.
+const speedWeight = 0.1
 
 // maxRoutedTokens caps what one routed request adds to a replica's queue
 // estimate (the longest prompt a lookup resolves, rpc.MaxLookupTokens).
@@ -295,6 +324,11 @@ func (e *Engine) applyLoadLocked(d *domain, r *replica, ls LoadStats, scheme str
 	routed := r.load.routedTokens.Swap(0)
 	r.load.routedReqs.Store(0)
 	stored := r.load.stored.Swap(0)
+	if prev != nil && now > prev.at && (prev.Waiting > 0 || prev.Running > 0) && stored > 0 {
+		// The replica was busy since its previous report: what it stored
+		// meanwhile is what it prefilled.
+		r.load.speed.observe(float64(stored)/float64(now-prev.at), speedWeight)
+	}
 	// So is every request a picker here started and ended before it.
 	started := r.load.started.Swap(0)
 	r.load.finished.Store(0)
@@ -382,8 +416,11 @@ type loadEntry struct {
 	queue, inflight float64
 	// cached is the request's expected cached tokens there (matched ×
 	// freshness; 0 when the replica holds none of its prefix), set by
-	// AdviseByLoad for the explore walk.
+	// AdviseByLoad for the explore walk, tier credits and expected tokens
+	// included.
 	cached float64
+	// expected is set when cached includes a routing-time entry.
+	expected bool
 }
 
 // loadView is a lookup's picture of a scheme's serving replicas' loads, in
@@ -398,6 +435,9 @@ type loadView struct {
 	// tokens is the request's prompt tokens (AdviseByLoad), for the explore
 	// walk's costs.
 	tokens float64
+	// expRid is the replica of a LoadExpected decision (hasExp).
+	expRid uint16
+	hasExp bool
 }
 
 // exploreCost is entry en's cost in the explore walk: queue plus the
@@ -420,7 +460,7 @@ func (v *loadView) entry(rid uint16) *loadEntry {
 // for the domain, and at least one serving replica has a fresh load report.
 func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 	lv := &res.lv
-	lv.active = false
+	lv.active, lv.hasExp = false, false
 	lv.entries = lv.entries[:0]
 	d := res.d
 	if !e.load.Enabled || d == nil || sch == nil || !d.loadActive.Load() {
@@ -501,6 +541,9 @@ const (
 	// LoadExplore: no holder is worth its queue; the request should go
 	// where it is cheapest to compute cold (AffinityPick in AffinityExplore mode).
 	LoadExplore
+	// LoadExpected: the replica a routing-time entry expects the prompt on
+	// should get it (ExpectedPick); the answer is AFFINITY_HINT-shaped.
+	LoadExpected
 )
 
 // ContractPick is the first replica of the contract's answer: the top
@@ -520,7 +563,10 @@ func PickOfScore(s *Score) ContractPick { return ContractPick{Has: true, rid: s.
 // replica; tokens are the request's prompt tokens. It keeps the contract's
 // answer unless load-awareness is active and the pick is overloaded, or
 // another option has both a shorter queue and a lower cost (queue +
-// PrefillWeight × uncached tokens). It allocates nothing.
+// PrefillWeight × uncached tokens). A replica the request's chain is
+// expected on (routing-time entries, expect.go) counts its expected tokens
+// at ExpectedCredit, and stands in for the pick when it expects more of
+// the prompt than the pick holds. It allocates nothing.
 func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, pick ContractPick, tokens int64) LoadDecision {
 	if !pick.Has || res.d == nil {
 		return LoadKeep
@@ -535,51 +581,133 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	}
 	alpha, t := e.load.PrefillWeight, float64(tokens)
 	lv.tokens = t
-	for i := range res.Scores {
-		if en := lv.entry(res.Scores[i].rid); en != nil {
-			en.cached = float64(res.Scores[i].MatchedTokens) * float64(res.Scores[i].Prob)
-		}
-	}
-	// The contract pick's own cost (it may be the affinity pin, which
-	// holds nothing of the request).
-	pickCost := cp.queue + alpha*t
-	for i := range res.Scores {
-		if s := &res.Scores[i]; s.rid == pick.rid {
-			pickCost = e.load.cost(cp.queue, t, s.MatchedTokens, s.Prob)
-			break
-		}
-	}
-	// The options: every holder that is not overloaded, and computing the
-	// prompt cold on the least-loaded replica. The pick stands unless it is
-	// overloaded or some option, not only the cheapest, is both cheaper and
-	// has a shorter queue.
-	exploreCost := lv.qref + alpha*t
-	yield := cp.overloaded || (exploreCost < pickCost && lv.qref < cp.queue)
-	best, bestCost := -1, 0.0
+	maxRun := 0
 	for i := range res.Scores {
 		s := &res.Scores[i]
-		en := lv.entry(s.rid)
-		if en == nil || en.overloaded {
-			continue
+		if en := lv.entry(s.rid); en != nil {
+			en.cached = float64(s.MatchedTokens) * float64(s.Prob) * tierCredit(s.Tier)
 		}
-		c := e.load.cost(en.queue, t, s.MatchedTokens, s.Prob)
-		if c < pickCost && en.queue < cp.queue {
-			yield = true
-		}
-		if best < 0 || c < bestCost {
-			best, bestCost = i, c
+		maxRun = max(maxRun, int(s.run))
+	}
+	// The routing-time entry: the replica the chain was last sent to, if
+	// it expects more of the prompt than it stores.
+	var xp *loadEntry
+	if rid, blocks, ok := e.expectedMatch(res.sch, req.BlockHashes, maxRun, now); ok {
+		if en := lv.entry(rid); en != nil {
+			exp := float64(chainTokens64(req.BlockTokenCounts[:min(blocks, len(req.BlockTokenCounts))]))
+			if exp > en.cached {
+				en.cached += e.load.ExpectedCredit * (exp - en.cached)
+				en.expected = true
+				xp = en
+			}
 		}
 	}
+	// The pick the decision defends: the contract's, or the replica that
+	// expects more of the prompt than the contract's pick holds.
+	vp := cp
+	if xp != nil && xp.cached > cp.cached {
+		vp = xp
+	}
+	pickCost := lv.cost(&e.load, vp)
+	// The options: every holder that is not overloaded, the expected
+	// replica, and computing the prompt cold on the least-loaded replica.
+	// The pick stands unless it is overloaded or some option, not only the
+	// cheapest, is both cheaper and has a shorter queue.
+	exploreCost := lv.qref + alpha*t
+	yield := vp.overloaded || (exploreCost < pickCost && lv.qref < vp.queue)
+	var best *loadEntry
+	bestCost := 0.0
+	consider := func(en *loadEntry) {
+		if en == nil || en.overloaded {
+			return
+		}
+		c := lv.cost(&e.load, en)
+		if c < pickCost && en.queue < vp.queue {
+			yield = true
+		}
+		if best == nil || c < bestCost {
+			best, bestCost = en, c
+		}
+	}
+	for i := range res.Scores {
+		consider(lv.entry(res.Scores[i].rid))
+	}
+	if xp != nil && !xp.holder(res) {
+		consider(xp)
+	}
 	if !yield {
+		if vp != cp {
+			lv.expRid, lv.hasExp = vp.rid, true
+			return LoadExpected
+		}
 		return LoadKeep
 	}
 	// The answer is then the cheapest option: the re-ranked holders when
-	// the best of them beats computing cold, else the explore walk.
-	if best < 0 || bestCost >= exploreCost {
+	// the best of them beats computing cold, else the explore walk (which
+	// finds the expected replica when it is the cheapest).
+	if best == nil || bestCost >= exploreCost || !best.holder(res) {
 		return LoadExplore
 	}
 	e.rerankByLoad(res, t, exploreCost)
 	return LoadRerank
+}
+
+// tierCredit is what a token held in tier counts for (Dynamo's 1.0, 0.75
+// and 0.25 for device, host and remote memory): a block held only in
+// offload memory must be loaded back before it saves prefill.
+func tierCredit(t Tier) float64 {
+	switch t {
+	case TierT2:
+		return 0.75
+	case TierT3, tierUnknown:
+		return 0.25
+	}
+	return 1
+}
+
+// chainTokens64 sums a chain's token counts in 64 bits.
+func chainTokens64(counts []int32) int64 {
+	var n int64
+	for _, c := range counts {
+		n += int64(max(c, 0))
+	}
+	return n
+}
+
+// cost is en's cost in the decision: queue + PrefillWeight × the prompt
+// tokens it would compute, its expected cached tokens counted only when
+// they cover MinMatch of the prompt.
+func (v *loadView) cost(c *LoadConfig, en *loadEntry) float64 {
+	m := en.cached
+	if m < c.MinMatch*v.tokens {
+		m = 0
+	}
+	return en.queue + c.PrefillWeight*max(v.tokens-m, 0)
+}
+
+// holder reports whether en is among res.Scores (it stores part of the
+// prompt).
+func (en *loadEntry) holder(res *LookupResult) bool {
+	for i := range res.Scores {
+		if res.Scores[i].rid == en.rid {
+			return true
+		}
+	}
+	return false
+}
+
+// ExpectedPick returns the replica AdviseByLoad chose for its routing-time
+// entry (LoadExpected): its name and pick.
+func (e *Engine) ExpectedPick(res *LookupResult) (string, ContractPick, bool) {
+	lv := &res.lv
+	if !lv.active || !lv.hasExp {
+		return "", ContractPick{}, false
+	}
+	en := lv.entry(lv.expRid)
+	if en == nil {
+		return "", ContractPick{}, false
+	}
+	return en.r.name, ContractPick{Has: true, rid: en.rid}, true
 }
 
 // rerankByLoad rescores res.Scores by their advantage over the explore
@@ -599,8 +727,7 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
 		s := &res.Scores[i]
 		adv := 0.0
 		if en := lv.entry(s.rid); en != nil && !en.overloaded {
-			cached := float64(s.MatchedTokens) * float64(s.Prob)
-			adv = exploreCost - (en.queue + e.load.PrefillWeight*max(tokens-cached, 0))
+			adv = exploreCost - (en.queue + e.load.PrefillWeight*max(tokens-en.cached, 0))
 		}
 		s.Score = float32(max(adv, 0))
 		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(rt.rank[s.rid])<<16|uint64(i))
@@ -629,6 +756,9 @@ const (
 	// loads and nothing cached the pick is the contract's, and an
 	// overloaded replica's keys move to the next replica in ring order.
 	AffinityExplore
+	// AffinityExpected is the replica AdviseByLoad chose for a routing-time
+	// entry (it returned LoadExpected), else the contract's pick.
+	AffinityExpected
 )
 
 // AffinityPick is AffinityHint with load awareness: it returns the chosen
@@ -647,6 +777,11 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 	n := len(ss.names)
 	if n == 0 {
 		return "", ContractPick{}, false
+	}
+	if mode == AffinityExpected && res != nil && res.d == d {
+		if name, pick, ok := e.ExpectedPick(res); ok {
+			return name, pick, true
+		}
 	}
 	sum := sha256.Sum256(seed)
 	start := int(binary.BigEndian.Uint64(sum[:8]) % uint64(n))
@@ -914,6 +1049,10 @@ func (c *LoadConfig) Validate() error {
 		return fmt.Errorf("load min match %v: want 0..1", c.MinMatch)
 	case c.MaxAge <= 0:
 		return fmt.Errorf("load max age %v: want > 0", c.MaxAge)
+	case c.ExpectedTTL < 0:
+		return fmt.Errorf("expected-entry TTL %v: want >= 0", c.ExpectedTTL)
+	case !(c.ExpectedCredit >= 0 && c.ExpectedCredit <= 1):
+		return fmt.Errorf("expected-entry credit %v: want 0..1", c.ExpectedCredit)
 	}
 	return nil
 }
