@@ -45,7 +45,7 @@ const (
 	maxExpectedDrain = 10 * time.Minute
 	// expectProbe is the probe window: a key lives in one of expectProbe
 	// consecutive slots from its home.
-	expectProbe = 4
+	expectProbe     = 4
 	expectSlotBytes = int64(unsafe.Sizeof(expectSlot{}))
 )
 
