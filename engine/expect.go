@@ -40,7 +40,7 @@ const (
 	// DefaultExpectedCredit is what an expected token counts for against a
 	// stored one (1): the request routed there may still be cancelled,
 	// sent elsewhere, or its blocks evicted before the next one runs.
-	DefaultExpectedCredit = 0.5
+	DefaultExpectedCredit = 0.75
 	// maxExpectedDrain caps the drain time added to an entry's TTL.
 	maxExpectedDrain = 10 * time.Minute
 	// expectProbe is the probe window: a key lives in one of expectProbe

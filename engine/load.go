@@ -87,7 +87,8 @@ type LoadConfig struct {
 // DefaultLoadConfig returns load-aware routing on, with the defaults.
 func DefaultLoadConfig() LoadConfig {
 	return LoadConfig{Enabled: true, Bound: DefaultLoadBound, MinQueue: DefaultLoadMinQueue,
-		PrefillWeight: DefaultLoadPrefillWeight, MinMatch: DefaultLoadMinMatch, MaxAge: DefaultLoadMaxAge}
+		PrefillWeight: DefaultLoadPrefillWeight, MinMatch: DefaultLoadMinMatch, MaxAge: DefaultLoadMaxAge,
+		ExpectedBytes: DefaultExpectedBytes, ExpectedTTL: DefaultExpectedTTL, ExpectedCredit: DefaultExpectedCredit}
 }
 
 func (c *LoadConfig) normalize() {

@@ -66,6 +66,8 @@ func run(args []string, stdout io.Writer) error {
 	fs.IntVar(&load.MinQueue, "load-min-queue", load.MinQueue, "inferencecache rows: the server's --load-min-queue")
 	fs.Float64Var(&load.PrefillWeight, "load-prefill-weight", load.PrefillWeight, "inferencecache rows: the server's --load-prefill-weight")
 	fs.Float64Var(&load.MinMatch, "load-min-match", load.MinMatch, "inferencecache rows: the server's --load-min-match")
+	fs.Float64Var(&load.ExpectedCredit, "load-expected-credit", engine.DefaultExpectedCredit, "inferencecache rows: what an expected (routed, not yet stored) token counts for, 0..1")
+	fs.DurationVar(&load.ExpectedTTL, "load-expected-ttl", engine.DefaultExpectedTTL, "inferencecache rows: the least lifetime of a routing-time entry")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
