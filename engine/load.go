@@ -660,7 +660,7 @@ func tierCredit(t Tier) float64 {
 	switch t {
 	case TierT2:
 		return 0.75
-	case TierT3, tierUnknown:
+	case TierT3, tierUnknown, tierInvalid:
 		return 0.25
 	}
 	return 1

@@ -54,6 +54,8 @@ func (x *tix) advise(req LookupRequest, now int64) (*LookupResult, LoadDecision,
 	switch d {
 	case LoadExplore:
 		pin, _, _ = x.e.AffinityPick(res, req.TenantID, req.ModelID, req.HashScheme, seed, AffinityExplore)
+	case LoadExpected:
+		pin, _, _ = x.e.AffinityPick(res, req.TenantID, req.ModelID, req.HashScheme, seed, AffinityExpected)
 	case LoadRerank:
 		pin = res.Scores[0].ReplicaID
 	case LoadKeep:
