@@ -44,6 +44,7 @@ const (
 	DefaultLoadPrefillWeight = 16.0
 	DefaultLoadMinMatch      = 0.5
 	DefaultLoadMaxAge        = 5 * time.Second
+	DefaultEvictionShare     = 0.75
 )
 
 // LoadConfig configures load-aware routing. The zero value disables it.
@@ -82,13 +83,21 @@ type LoadConfig struct {
 	// ExpectedCredit is what an expected token counts for against a stored
 	// one, in (0, 1]; 0 means DefaultExpectedCredit.
 	ExpectedCredit float64
+	// EvictionShare is the part of PrefillWeight that prices the copy's
+	// eviction of other prefixes, in [0, 1): on a replica with fraction f
+	// of the largest key count in its domain, one uncached token weighs
+	// PrefillWeight × (1 − EvictionShare × (1 − f)), so a replica with room
+	// in its cache is a cheaper place to keep new blocks. 0 weighs every
+	// replica the same.
+	EvictionShare float64
 }
 
 // DefaultLoadConfig returns load-aware routing on, with the defaults.
 func DefaultLoadConfig() LoadConfig {
 	return LoadConfig{Enabled: true, Bound: DefaultLoadBound, MinQueue: DefaultLoadMinQueue,
 		PrefillWeight: DefaultLoadPrefillWeight, MinMatch: DefaultLoadMinMatch, MaxAge: DefaultLoadMaxAge,
-		ExpectedBytes: DefaultExpectedBytes, ExpectedTTL: DefaultExpectedTTL, ExpectedCredit: DefaultExpectedCredit}
+		ExpectedBytes: DefaultExpectedBytes, ExpectedTTL: DefaultExpectedTTL, ExpectedCredit: DefaultExpectedCredit,
+		EvictionShare: DefaultEvictionShare}
 }
 
 func (c *LoadConfig) normalize() {
@@ -115,6 +124,9 @@ func (c *LoadConfig) normalize() {
 	}
 	if !(c.ExpectedCredit > 0 && c.ExpectedCredit <= 1) {
 		c.ExpectedCredit = DefaultExpectedCredit
+	}
+	if !(c.EvictionShare >= 0 && c.EvictionShare < 1) {
+		c.EvictionShare = DefaultEvictionShare
 	}
 }
 
@@ -289,6 +301,14 @@ type replicaLoad struct {
 	// reconciliation of live run under Engine.mu.
 	live, started, finished atomic.Int64
 
+	// peakKeys is the replica's recent high-water mark of keys held in the
+	// domain, taken at each load report and decaying by peakKeysDecay per
+	// report: how full its cache runs. The live key count dips while a
+	// prefill is in progress (the engine evicted for it, and stores its
+	// blocks only when it completes), which is not room. Written under
+	// Engine.mu, read by lookups.
+	peakKeys atomic.Int64
+
 	// speed is the replica's prefill speed as its KV events show it (tokens
 	// newly stored per µs between two load reports while it had requests
 	// in flight): how fast its queue drains. Written under Engine.mu, read
@@ -301,6 +321,11 @@ type replicaLoad struct {
 	newHolders  int64
 	blockTokens int32
 }
+
+// peakKeysDecay is how much of a replica's key high-water mark one load
+// report keeps: a dip of a few seconds' prefills is not room, a cleared
+// cache is room again within minutes.
+const peakKeysDecay = 0.995
 
 // speedWeight is the weight of one report interval in the prefill speed.
 const speedWeight = 0.1
@@ -330,6 +355,8 @@ func (e *Engine) applyLoadLocked(d *domain, r *replica, ls LoadStats, scheme str
 		// meanwhile is what it prefilled.
 		r.load.speed.observe(float64(stored)/float64(now-prev.at), speedWeight)
 	}
+	keys := r.keys.Load()
+	r.load.peakKeys.Store(max(keys, int64(float64(r.load.peakKeys.Load())*peakKeysDecay)))
 	// So is every request a picker here started and ended before it.
 	started := r.load.started.Swap(0)
 	r.load.finished.Store(0)
@@ -415,6 +442,9 @@ type loadEntry struct {
 	// queue is the estimated prefill work ahead (tokens); inflight the
 	// requests in flight, both including what was routed since the report.
 	queue, inflight float64
+	// alpha is the weight of one uncached token there (PrefillWeight,
+	// less the eviction share its cache's room saves).
+	alpha float64
 	// cached is the request's expected cached tokens there (matched ×
 	// freshness; 0 when the replica holds none of its prefix), set by
 	// AdviseByLoad for the explore walk, tier credits and expected tokens
@@ -445,8 +475,8 @@ type loadView struct {
 // weighted prompt tokens it would compute, every expected cached token
 // counted (Preble's explore step: the least loaded, counting what little
 // each replica caches).
-func (v *loadView) exploreCost(en *loadEntry, weight float64) float64 {
-	return en.queue + weight*max(v.tokens-en.cached, 0)
+func (v *loadView) exploreCost(en *loadEntry) float64 {
+	return en.queue + en.alpha*max(v.tokens-en.cached, 0)
 }
 
 func (v *loadView) entry(rid uint16) *loadEntry {
@@ -511,10 +541,19 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 	meanQ, meanN := sumQ/float64(known), sumN/float64(known)
 	bound := max(e.load.Bound*meanN+2*math.Sqrt(meanN), float64(e.load.MinQueue))
 	lv.qref = math.Inf(1)
+	var maxKeys int64
+	for i := range lv.entries {
+		maxKeys = max(maxKeys, lv.entries[i].r.occupancy())
+	}
 	for i := range lv.entries {
 		en := &lv.entries[i]
 		if !en.known {
 			en.queue, en.inflight = meanQ, meanN
+		}
+		en.alpha = e.load.PrefillWeight
+		if s := e.load.EvictionShare; s > 0 && maxKeys > 0 {
+			f := float64(min(en.r.occupancy(), maxKeys)) / float64(maxKeys)
+			en.alpha *= 1 - s*(1-f)
 		}
 		en.overloaded = en.inflight > bound
 		if !en.overloaded {
@@ -580,7 +619,7 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	if cp == nil {
 		return LoadKeep
 	}
-	alpha, t := e.load.PrefillWeight, float64(tokens)
+	t := float64(tokens)
 	lv.tokens = t
 	maxRun := 0
 	for i := range res.Scores {
@@ -614,7 +653,16 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	// replica, and computing the prompt cold on the least-loaded replica.
 	// The pick stands unless it is overloaded or some option, not only the
 	// cheapest, is both cheaper and has a shorter queue.
-	exploreCost := lv.qref + alpha*t
+	// Computing cold: the cheapest replica that is not overloaded.
+	exploreCost := math.Inf(1)
+	for i := range lv.entries {
+		if en := &lv.entries[i]; !en.overloaded {
+			exploreCost = min(exploreCost, en.queue+en.alpha*t)
+		}
+	}
+	if math.IsInf(exploreCost, 1) {
+		exploreCost = lv.qref + e.load.PrefillWeight*t
+	}
 	yield := vp.overloaded || (exploreCost < pickCost && lv.qref < vp.queue)
 	var best *loadEntry
 	bestCost := 0.0
@@ -683,7 +731,7 @@ func (v *loadView) cost(c *LoadConfig, en *loadEntry) float64 {
 	if m < c.MinMatch*v.tokens {
 		m = 0
 	}
-	return en.queue + c.PrefillWeight*max(v.tokens-m, 0)
+	return en.queue + en.alpha*max(v.tokens-m, 0)
 }
 
 // holder reports whether en is among res.Scores (it stores part of the
@@ -728,7 +776,7 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
 		s := &res.Scores[i]
 		adv := 0.0
 		if en := lv.entry(s.rid); en != nil && !en.overloaded {
-			adv = exploreCost - (en.queue + e.load.PrefillWeight*max(tokens-en.cached, 0))
+			adv = exploreCost - (en.queue + en.alpha*max(tokens-en.cached, 0))
 		}
 		s.Score = float32(max(adv, 0))
 		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(rt.rank[s.rid])<<16|uint64(i))
@@ -787,17 +835,17 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 	sum := sha256.Sum256(seed)
 	start := int(binary.BigEndian.Uint64(sum[:8]) % uint64(n))
 	if mode == AffinityExplore && res != nil && res.lv.active && res.d == d {
-		lv, w := &res.lv, e.load.PrefillWeight
+		lv := &res.lv
 		least := math.Inf(1)
 		for i := range lv.entries {
 			if en := &lv.entries[i]; !en.overloaded {
-				least = min(least, lv.exploreCost(en, w))
+				least = min(least, lv.exploreCost(en))
 			}
 		}
 		for k := range n {
 			i := (start + k) % n
 			en := lv.entry(ss.byName[i])
-			if en == nil || (!en.overloaded && lv.exploreCost(en, w) <= least) {
+			if en == nil || (!en.overloaded && lv.exploreCost(en) <= least) {
 				return ss.names[i], ContractPick{Has: true, rid: ss.byName[i]}, true
 			}
 		}
@@ -807,7 +855,7 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 		best := -1
 		for i := range lv.entries {
 			en := &lv.entries[i]
-			if en.serving || en.overloaded || lv.exploreCost(en, w) > least {
+			if en.serving || en.overloaded || lv.exploreCost(en) > least {
 				continue
 			}
 			if best < 0 || en.r.name < lv.entries[best].r.name {
@@ -916,6 +964,10 @@ func (e *Engine) pickedReplica(tenant, model, replicaID string) *replica {
 	}
 	return d.table().find(replicaID)
 }
+
+// occupancy is how full the replica's cache runs, in keys: the live count
+// or the recent high-water mark, whichever is larger.
+func (r *replica) occupancy() int64 { return max(r.keys.Load(), r.load.peakKeys.Load()) }
 
 // liveNow is the picker's live count, never negative.
 func (l *replicaLoad) liveNow() int64 { return max(l.live.Load(), 0) }
@@ -1054,6 +1106,8 @@ func (c *LoadConfig) Validate() error {
 		return fmt.Errorf("expected-entry TTL %v: want >= 0", c.ExpectedTTL)
 	case !(c.ExpectedCredit >= 0 && c.ExpectedCredit <= 1):
 		return fmt.Errorf("expected-entry credit %v: want 0..1", c.ExpectedCredit)
+	case !(c.EvictionShare >= 0 && c.EvictionShare < 1):
+		return fmt.Errorf("eviction share %v: want [0, 1)", c.EvictionShare)
 	}
 	return nil
 }
