@@ -249,3 +249,11 @@ func Synthetic(kind string, seed uint64) (name string, reqs []workload.Request, 
 	}
 	return name, reqs, err
 }
+
+// SpeedUp divides every arrival time of reqs by f (> 1 compresses the
+// stream: a heavier load of the same requests), in place.
+func SpeedUp(reqs []workload.Request, f float64) {
+	for i := range reqs {
+		reqs[i].Arrival = time.Duration(float64(reqs[i].Arrival) / f)
+	}
+}

@@ -250,6 +250,11 @@ func TestFollowsAnswer(t *testing.T) {
 			frozen := time.Now()
 			env := newEnv(t, envOpts{load: true, now: func() time.Time { return frozen }})
 			env.seed(t, tenant) // r1: A×8, r2: A×2, r3: B×8
+			// r2 holds as many keys as the others, so occupancy weighs
+			// nobody's uncached tokens differently.
+			d, dc := chainOf(chainC+1, 6)
+			env.report(t, &pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: "r2",
+				TimestampUs: frozen.UnixMicro(), Prefixes: []*pb.PrefixEntry{{BlockHashes: d, BlockTokenCounts: dc}}})
 			env.report(t, loadStats(tenant, "r1", 2, 2, 1000), loadStats(tenant, "r2", 2, 2, 100), loadStats(tenant, "r3", 2, 2, 1000))
 			c, cc := chainOf(chainC, 6)
 			first, err := env.client.LookupRoute(ctx(t), &pb.LookupRouteRequest{TenantId: tenant, ModelId: model, HashScheme: scheme,

@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/inferencecache/inferencecache/bench"
 	"github.com/inferencecache/inferencecache/bench/workload"
@@ -113,9 +112,7 @@ func run(args []string, stdout io.Writer) error {
 		if !(*speedup > 0) {
 			return fmt.Errorf("-speedup must be positive, got %v", *speedup)
 		}
-		for i := range cfg.Requests {
-			cfg.Requests[i].Arrival = time.Duration(float64(cfg.Requests[i].Arrival) / *speedup)
-		}
+		bench.SpeedUp(cfg.Requests, *speedup)
 		cfg.Workload += fmt.Sprintf(" (arrivals %g× faster)", *speedup)
 	}
 	if *name == "" {
