@@ -80,6 +80,19 @@ func newExpectTable(bytes int64) expectTable {
 // bytes is the table's memory.
 func (t *expectTable) bytes() int64 { return int64(len(t.slots)) * expectSlotBytes }
 
+// expectSchemeSeed keys a scheme's routing-time entries. Unlike the index
+// tables it is not salted per process: which entries survive a full probe
+// window decides answers under load, and a replay (the simulator, a test)
+// must decide the same way every run. Entries are advice, so a client that
+// aims block hashes at one window can only cost others' entries there,
+// never an index entry or a contract answer.
+func expectSchemeSeed(tenant, model, scheme string) uint64 {
+	return hashBytes([]byte(tenant+"\x00"+model+"\x00"+scheme), expectSalt)
+}
+
+// expectSalt is expectSchemeSeed's fixed salt.
+const expectSalt = 0x6578706563746564 // "expected"
+
 // expectKey folds a block hash of a scheme into a non-zero table key.
 func expectKey(seed uint64, hash []byte) uint64 {
 	k := hashBytes(hash, seed)

@@ -67,6 +67,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.Float64Var(&load.MinMatch, "load-min-match", load.MinMatch, "inferencecache rows: the server's --load-min-match")
 	fs.Float64Var(&load.ExpectedCredit, "load-expected-credit", engine.DefaultExpectedCredit, "inferencecache rows: what an expected (routed, not yet stored) token counts for, 0..1")
 	fs.DurationVar(&load.ExpectedTTL, "load-expected-ttl", engine.DefaultExpectedTTL, "inferencecache rows: the least lifetime of a routing-time entry")
+	fs.Int64Var(&load.ExpectedBytes, "load-expected-bytes", load.ExpectedBytes, "inferencecache rows: memory of the routing-time entries (negative = none)")
 	fs.Float64Var(&load.EvictionShare, "load-eviction-share", load.EvictionShare, "inferencecache rows: share of the prefill weight that prices evicting other prefixes, scaled by cache occupancy")
 	if err := fs.Parse(args); err != nil {
 		return err
