@@ -130,18 +130,6 @@ func (c *LoadConfig) normalize() {
 	}
 }
 
-// cost is a candidate's estimated time to first token in prefill-token
-// units: its queue plus PrefillWeight × the prompt tokens it would still
-// compute. matched × freshness is the expected cached part; below MinMatch
-// of the prompt it counts as nothing.
-func (c *LoadConfig) cost(queue, tokens float64, matched int32, fresh float32) float64 {
-	m := float64(matched) * float64(fresh)
-	if m < c.MinMatch*tokens {
-		m = 0
-	}
-	return queue + c.PrefillWeight*max(tokens-m, 0)
-}
-
 // LoadStats is the load part of a stats report. A report carries load when
 // Reported is set (the producer sent waiting or running requests).
 type LoadStats struct {
