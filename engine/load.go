@@ -36,6 +36,11 @@ import (
 //     and less loaded; a cached prefix counts in that decision only if it
 //     covers MinMatch of the prompt (Preble's exploit rule). The explore
 //     walk then takes the cheapest replica counting every cached token.
+//   - Weights: PrefillWeight on a replica whose cache is as full as the
+//     fullest, less by EvictionShare on one with room (the copy evicts
+//     nothing there); cached tokens at their tier's credit; tokens a
+//     followed answer sent to a replica and its KV events have not stored
+//     yet (routing-time entries, expect.go) at ExpectedCredit.
 
 // Load-aware routing defaults (docs/routing.md).
 const (
