@@ -95,9 +95,17 @@ profile: ## Profile the server under a fixed loadgen scenario into profiles/ (CP
 	done
 
 .PHONY: bench-report
-bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity) and the chat, rag and shared-prompt workloads.
-	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation -sensitivity
-	for w in chat rag shared-prompt; do $(GO) run ./cmd/bench -workload $$w -out bench/results -name $$w > /dev/null; done
+# The Mooncake conversation trace (shared/, never copied here); from a git
+# worktree: make bench-report TRACE=/work/shared/traces/mooncake_conversation_trace.jsonl
+TRACE ?= ../shared/traces/mooncake_conversation_trace.jsonl
+
+bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity, and arrivals 1.5x and 2x faster), the chat, rag and shared-prompt workloads, at 1,000 and 4,000 blocks per replica; and every workload at 1x under the legacy replica model (bench/results/legacy).
+	$(GO) build -o $(BIN)/bench ./cmd/bench
+	$(BIN)/bench -trace $(TRACE) -out bench/results -name conversation -sensitivity > /dev/null
+	for s in 1.5 2; do $(BIN)/bench -trace $(TRACE) -speedup $$s -out bench/results -name conversation-x$$s > /dev/null; done
+	for w in chat rag shared-prompt; do $(BIN)/bench -workload $$w -out bench/results -name $$w > /dev/null; done
+	$(BIN)/bench -sim-model legacy -trace $(TRACE) -out bench/results/legacy -name conversation > /dev/null
+	for w in chat rag shared-prompt; do $(BIN)/bench -sim-model legacy -workload $$w -out bench/results/legacy -name $$w > /dev/null; done
 
 .PHONY: clean
 clean: ## Remove build output.

@@ -67,7 +67,10 @@ type Engine struct {
 	cfg    Config
 	ranker RankerConfig
 	// load is the normalized Config.Load (immutable).
-	load     LoadConfig
+	load LoadConfig
+	// expect is the routing-time entries (expect.go): fixed at New,
+	// lock-free.
+	expect   expectTable
 	policies Policies
 	metrics  Metrics
 	// seed salts table hashes per process.
@@ -250,6 +253,8 @@ type scheme struct {
 	name  string
 	index int
 	d     *domain
+	// expectSeed keys this scheme's routing-time entries (expect.go).
+	expectSeed uint64
 	// scopes lists one scope per adapter; copy-on-write under mu.
 	scopes atomic.Pointer[[]*scope]
 	// serving is the immutable set of replicas holding at least one key in
@@ -344,6 +349,11 @@ func New(cfg Config) *Engine {
 	e.load = cfg.Load
 	if e.load.Enabled {
 		e.load.normalize()
+		n := e.load.ExpectedBytes
+		if cfg.MaxBytes > 0 {
+			n = min(n, cfg.MaxBytes/8)
+		}
+		e.expect = newExpectTable(n)
 	}
 	if e.policies == nil {
 		e.policies = StaticPolicies(policy.Empty())

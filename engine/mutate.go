@@ -71,7 +71,7 @@ func (e *Engine) schemeLocked(d *domain, name string) *scheme {
 			index, i = index+1, -1
 		}
 	}
-	s := &scheme{name: name, index: index, d: d}
+	s := &scheme{name: name, index: index, d: d, expectSeed: expectSchemeSeed(d.tenant, d.model, name)}
 	s.serving.Store(&servingSet{})
 	next := append(slices.Clip(list), s)
 	d.schemes.Store(&next)

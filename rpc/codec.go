@@ -283,6 +283,12 @@ func (c *lookupCall) decode() bool {
 				return false
 			}
 			m.PromptText = string(v) // rare, possibly large: not interned
+		case typ == protowire.VarintType && num == 12:
+			var x uint64
+			if x, b, ok = varint(b); !ok {
+				return false
+			}
+			m.FollowsAnswer = x != 0
 		default:
 			return false
 		}

@@ -282,13 +282,18 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 		case engine.LoadExplore:
 			strategy = engine.StrategyNone
 			pin, pick = s.affinity(req, pt, sc, engine.AffinityExplore)
+		case engine.LoadExpected:
+			// The replica the chain was routed to holds more of it than
+			// the contract's pick will by the time this request runs.
+			strategy = engine.StrategyNone
+			pin, pick = s.affinity(req, pt, sc, engine.AffinityExpected)
 		}
 	}
 
 	// 11d. The consistent-hash fallback on the None branch.
 	if strategy == engine.StrategyNone {
 		if pick.Has {
-			s.noteRouted(res, pick, tokens, start)
+			s.noteRouted(req, sc, pick, tokens, start)
 			s.affinityResponse(resp, sb, req, model, pin, start, in.echo)
 			return
 		}
@@ -302,7 +307,7 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 	case engine.StrategyPrefixMatch:
 		s.index.Credit(res)
 		scores = res.Scores
-		s.noteRouted(res, pick, tokens, start)
+		s.noteRouted(req, sc, pick, tokens, start)
 	case engine.StrategyTenantHot:
 		scores = res.Scores
 	}
@@ -529,9 +534,17 @@ func belowFloor(pt *policy.Tenant, scores []engine.Score) bool {
 // noteRouted tells the index where the delivered answer sends the request
 // and how much of its prompt is still to prefill there, so load-aware
 // routing counts it until the replica's next load report.
-func (s *Service) noteRouted(res *engine.LookupResult, pick engine.ContractPick, tokens int64, start time.Time) {
+//
+// A caller that follows the answer (follows_answer: it sends the request to
+// the first replica) also makes the chain expected there (routing-time
+// entries, docs/routing.md).
+func (s *Service) noteRouted(req *pb.LookupRouteRequest, sc *lookupScratch, pick engine.ContractPick, tokens int64, start time.Time) {
+	res := &sc.res
 	matched, _ := engine.MatchedAt(res, pick)
 	s.index.NoteRouted(res, pick, tokens-int64(matched), start.UnixMicro())
+	if req.GetFollowsAnswer() {
+		s.index.NoteFollowed(&sc.req, res, pick, start.UnixMicro())
+	}
 }
 
 // appendAffinitySeed appends the seed of contract §3.8: for a non-empty
