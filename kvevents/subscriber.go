@@ -34,6 +34,15 @@ const (
 	DefaultRecoveryInterval = 30 * time.Second
 	// ClientVersion is reported in ReplicaStats.client_version.
 	ClientVersion = "inferencecache-kvevent-subscriber/v1alpha1"
+	// MaxReceiveQueueBytes bounds the frames of the messages received and
+	// not yet handled (the receive queue holds at most 256 messages, each
+	// up to MaxZMTPMessageBytes: 4 GiB without it). A message that would
+	// take the queue past it is dropped, counted in
+	// batches_dropped_total{reason="receive_queue"}, and handled as a lost
+	// batch: repaired from the replay like a gap.
+	MaxReceiveQueueBytes = 64 << 20
+	// receiveQueueLen bounds the receive queue in messages.
+	receiveQueueLen = 256
 )
 
 // Config configures a Subscriber; cmd/kvevent-subscriber fills it from its
@@ -170,6 +179,12 @@ type Subscriber struct {
 	// written by the receive goroutine, read by the Run goroutine after a
 	// sync.
 	connNow atomic.Uint64
+	// queued is the frame bytes of the messages in the receive queue and in
+	// the Run goroutine's hands: added by the receive goroutine before it
+	// queues a message, subtracted by the Run goroutine once it handled
+	// it. The receive goroutine drops what would take it past
+	// MaxReceiveQueueBytes.
+	queued atomic.Int64
 
 	// Owned by the Run goroutine.
 	dec   *wire.Decoder
@@ -216,11 +231,17 @@ type seqTracker struct {
 // goroutine counts connections so a restarted engine (which restarts its
 // sequence numbers) can be told from a late, reordered message. A message
 // with connected set carries no frames: it marks the start of connection
-// conn.
+// conn. One with lost set carries no frames either: the receive goroutine
+// dropped that message (the receive queue's byte bound) and kept only its
+// sequence number, if it had one (hasSeq).
 type message struct {
 	frames    [][]byte
+	size      int64 // bytes of frames, counted in Subscriber.queued
 	conn      uint64
 	connected bool
+	lost      bool
+	seq       uint64
+	hasSeq    bool
 }
 
 // New returns a Subscriber delivering to sink.
@@ -304,7 +325,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		saveTick = t.C
 	}
 
-	msgs := make(chan message, 256)
+	msgs := make(chan message, receiveQueueLen)
 	wg.Go(func() { s.receive(ctx, msgs) })
 	if s.cfg.MetricsURL != "" {
 		wg.Go(func() { s.scrapeLoop(ctx) })
@@ -319,6 +340,7 @@ loop:
 			break loop
 		case msg := <-msgs:
 			s.handle(ctx, msg)
+			s.queued.Add(-msg.size)
 			s.next.Store(s.seq.next)
 		case <-saveTick:
 			// A failed write is retried at the next tick even without a
@@ -350,23 +372,29 @@ loop:
 	return flushErr
 }
 
-// handle applies one live message, repairing a gap before it if needed.
+// handle applies one live message, repairing a gap before it if needed. A
+// lost message (dropped by the receive queue's byte bound) is a batch not
+// received: the gap up to and including it is repaired from the replay.
 func (s *Subscriber) handle(ctx context.Context, msg message) {
 	if msg.connected {
 		s.onConnect(ctx, msg.conn)
 		s.connects.Add(1)
 		return
 	}
-	seq, hasSeq, payload, err := wire.ParseMessage(msg.frames)
-	if err != nil {
-		s.dropBatch(err)
-		return
+	seq, hasSeq, lost := msg.seq, msg.hasSeq, msg.lost
+	var payload []byte
+	if !lost {
+		var err error
+		if seq, hasSeq, payload, err = wire.ParseMessage(msg.frames); err != nil {
+			s.dropBatch(err)
+			return
+		}
 	}
 	if !hasSeq {
-		if !s.apply(ctx, payload, false) {
+		if lost || !s.apply(ctx, payload, false) {
 			// Without a sequence number nothing can replay it: the
 			// replica is cleared, as for an unrepairable gap.
-			s.log.Warn("undecodable batch without a sequence number; clearing the replica")
+			s.log.Warn("undecodable or dropped batch without a sequence number; clearing the replica")
 			s.proc.Reset(time.Now().UnixMicro())
 			s.changes++
 			s.extendable = false
@@ -380,26 +408,46 @@ func (s *Subscriber) handle(ctx context.Context, msg message) {
 	case !t.started:
 		t.started, t.historyFrom = true, seq
 		s.extendable = seq > 0
+		if lost {
+			// The history starts at the batch that was dropped: take it
+			// from the replay.
+			t.next = seq
+			s.metrics.gap()
+			s.recover(ctx, seq+1)
+			return
+		}
 	case newConn && seq < t.next:
 		// A new connection whose numbering went backwards: the engine's
 		// publisher restarted, and its cache with it. Forget everything and
-		// take the new engine's batches before this one from its replay.
+		// take the new engine's batches before this one (and a dropped
+		// one itself) from its replay.
 		s.engineRestarted("its sequence went back on a new connection", seq)
 		t.started = true
-		if seq > 0 && !s.recover(ctx, seq) {
+		upTo := seq
+		if lost {
+			upTo++
+		}
+		if upTo > 0 && !s.recover(ctx, upTo) {
 			// Shutdown: what the new engine's replay delivered so far is
 			// applied; without any of it there is no history to verify,
 			// and the next start syncs from the new engine's oldest batch.
 			t.started = t.next > 0
 			return
 		}
+		if lost {
+			return
+		}
 	case seq < t.next:
 		// Late (reordered) or already applied from a replay.
 		return
-	case seq > t.next:
+	case seq > t.next, lost:
 		s.metrics.gap()
-		if !s.recover(ctx, seq) {
-			return // shutdown: the gap is left to the next start
+		upTo := seq
+		if lost {
+			upTo++ // the dropped batch is missing too
+		}
+		if !s.recover(ctx, upTo) || lost {
+			return // shutdown (the gap is left to the next start), or nothing to apply
 		}
 		if seq < t.next {
 			return // the replay went past it
@@ -551,15 +599,16 @@ func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 		return
 	}
 	var conn uint64 // connections made so far: message.conn
+	var drops dropLog
 	_ = reconnect.Loop(ctx, reconnect.Backoff{Min: s.cfg.ReconnectBackoff, Max: s.cfg.ReconnectBackoff},
-		func(ctx context.Context) error { return s.connection(ctx, out, &conn) },
+		func(ctx context.Context) error { return s.connection(ctx, out, &conn, &drops) },
 		func(error, time.Duration) { s.metrics.reconnect() })
 }
 
-// connection dials the engine once and passes messages to out until the
-// connection fails (logged here) or ctx ends; it returns the error that
+// connection dials the engine once and passes messages to out (admit) until
+// the connection fails (logged here) or ctx ends; it returns the error that
 // ended it. A connection made increments *conn. receive's goroutine only.
-func (s *Subscriber) connection(ctx context.Context, out chan<- message, conn *uint64) error {
+func (s *Subscriber) connection(ctx context.Context, out chan<- message, conn *uint64, drops *dropLog) error {
 	refusal := &frameRefusal{}
 	sock := zmq4.NewSub(withFrameRefusal(ctx, refusal), zmq4.WithLogger(zmqLogger), zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(s.cfg.ReconnectBackoff))
@@ -604,13 +653,62 @@ func (s *Subscriber) connection(ctx context.Context, out chan<- message, conn *u
 			}
 			return err
 		}
+		m, ok := s.admit(message{frames: msg.Frames, conn: *conn}, drops)
+		if !ok {
+			continue
+		}
 		select {
-		case out <- message{frames: msg.Frames, conn: *conn}:
+		case out <- m:
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+	}
+}
+
+// admit counts m into the receive queue's bytes or, when that would take
+// the queue past MaxReceiveQueueBytes, drops its frames and returns the
+// lost marker that stands for it (with its sequence number, so the Run
+// goroutine repairs it from the replay). A dropped message that does not
+// even parse is only counted (ok false): the Run goroutine would have
+// dropped it too. receive's goroutine only.
+func (s *Subscriber) admit(m message, drops *dropLog) (_ message, ok bool) {
+	for _, f := range m.frames {
+		m.size += int64(len(f))
+	}
+	if s.queued.Add(m.size) <= MaxReceiveQueueBytes {
+		return m, true
+	}
+	s.queued.Add(-m.size)
+	s.metrics.batchDropped(dropReceiveQueue)
+	drops.note(s.log, m.size)
+	seq, hasSeq, _, err := wire.ParseMessage(m.frames)
+	if err != nil {
+		return message{}, false
+	}
+	return message{conn: m.conn, lost: true, seq: seq, hasSeq: hasSeq}, true
+}
+
+// dropReceiveQueue is the batches_dropped_total reason of a message the
+// receive queue's byte bound dropped.
+const dropReceiveQueue = "receive_queue"
+
+// dropLog rate-limits the receive queue's warning to one line per 10 s,
+// with the drops since the previous one. receive's goroutine only.
+type dropLog struct {
+	last  time.Time
+	n     int
+	bytes int64
+}
+
+func (d *dropLog) note(log *slog.Logger, size int64) {
+	d.n++
+	d.bytes += size
+	if now := time.Now(); now.Sub(d.last) >= 10*time.Second {
+		log.Warn("the receive queue is over its byte bound; dropping engine batches (repaired from the replay like a gap)",
+			"dropped", d.n, "bytes", d.bytes, "bound", MaxReceiveQueueBytes)
+		d.last, d.n, d.bytes = now, 0, 0
 	}
 }
 
