@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,8 +54,13 @@ type Config struct {
 	// "sglang").
 	HashScheme string
 
-	// Endpoint is the engine's PUB endpoint the SUB socket dials.
+	// Endpoint is the engine's PUB endpoint the SUB socket dials or, with
+	// EndpointMode EndpointBind, the loopback address it binds for the
+	// engine's PUB to connect to.
 	Endpoint string
+	// EndpointMode is which side binds Endpoint: "" or EndpointConnect
+	// (the engine), EndpointBind (the subscriber).
+	EndpointMode EndpointMode
 	// ReplayEndpoint is the engine's replay ROUTER; "" means gaps cannot be
 	// repaired (every gap resets the replica).
 	ReplayEndpoint string
@@ -123,6 +129,9 @@ func (c *Config) setDefaults() {
 	if c.Endpoint == "" {
 		c.Endpoint = DefaultEndpoint
 	}
+	if c.EndpointMode == "" {
+		c.EndpointMode = EndpointConnect
+	}
 	if c.BlockSize <= 0 {
 		c.BlockSize = 16
 	}
@@ -162,7 +171,14 @@ func (c *Config) setDefaults() {
 // the engine's present through the replay endpoint (sync), which also
 // recognizes a restarted engine. Run it once.
 type Subscriber struct {
-	cfg     Config // immutable after New
+	cfg Config // immutable after New
+	// bindAddr is the host:port EndpointBind listens on; immutable after
+	// New.
+	bindAddr string
+	// bound is the endpoint the SUB listens on (EndpointBind, once
+	// listening): written by the receive goroutine, read by anyone
+	// (BoundEndpoint).
+	bound   atomic.Pointer[string]
 	log     *slog.Logger
 	metrics *Metrics
 	idx     *Index
@@ -257,6 +273,17 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 			return nil, fmt.Errorf("kvevents: %s is %d bytes, the server accepts at most %d", id.name, len(id.v), MaxIDBytes)
 		}
 	}
+	var bindAddr string
+	switch cfg.EndpointMode {
+	case EndpointConnect:
+	case EndpointBind:
+		var err error
+		if bindAddr, err = checkBindEndpoint(cfg.Endpoint); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("kvevents: unknown endpoint mode %q", cfg.EndpointMode)
+	}
 	for lid, name := range cfg.LoRAAdapters {
 		if len(name) > MaxIDBytes {
 			return nil, fmt.Errorf("kvevents: adapter name of lora_id %d is %d bytes, the server accepts at most %d", lid, len(name), MaxIDBytes)
@@ -281,14 +308,15 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 		Metrics:         m,
 	}, sink, idx)
 	return &Subscriber{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		metrics: m,
-		idx:     idx,
-		fwd:     fwd,
-		proc:    NewProcessor(idx, fwd, cfg.L2, cfg.Logger, m),
-		dec:     wire.NewDecoder(),
-		rdec:    wire.NewDecoder(),
+		cfg:      cfg,
+		bindAddr: bindAddr,
+		log:      cfg.Logger,
+		metrics:  m,
+		idx:      idx,
+		fwd:      fwd,
+		proc:     NewProcessor(idx, fwd, cfg.L2, cfg.Logger, m),
+		dec:      wire.NewDecoder(),
+		rdec:     wire.NewDecoder(),
 	}, nil
 }
 
@@ -297,6 +325,16 @@ func (s *Subscriber) Index() *Index { return s.idx }
 
 // Forwarder returns the forwarder (Flush, Buffered).
 func (s *Subscriber) Forwarder() *Forwarder { return s.fwd }
+
+// BoundEndpoint returns the endpoint the SUB socket listens on in
+// EndpointBind mode (with port 0 configured, the port chosen), or "" before
+// it listens and in EndpointConnect mode.
+func (s *Subscriber) BoundEndpoint() string {
+	if ep := s.bound.Load(); ep != nil {
+		return *ep
+	}
+	return ""
+}
 
 // NextSeq returns the first engine sequence number not applied yet.
 func (s *Subscriber) NextSeq() uint64 { return s.next.Load() }
@@ -330,7 +368,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	if s.cfg.MetricsURL != "" {
 		wg.Go(func() { s.scrapeLoop(ctx) })
 	}
-	s.log.Info("subscribing to engine KV events", "endpoint", s.cfg.Endpoint, "topic", s.cfg.Topic,
+	s.log.Info("subscribing to engine KV events", "endpoint", s.cfg.Endpoint, "mode", s.cfg.EndpointMode, "topic", s.cfg.Topic,
 		"replay", s.cfg.ReplayEndpoint, "replica", s.cfg.ReplicaID)
 
 loop:
@@ -590,59 +628,127 @@ func (s *Subscriber) dropBatch(err error) {
 	s.log.Warn("undecodable event batch", "reason", reason, "err", err)
 }
 
-// receive dials the engine's PUB endpoint and passes messages to out,
-// re-dialing after ReconnectBackoff (a constant wait) whenever the
-// connection fails; each re-dial is counted (zmq_reconnects_total). A ctx
-// ended before the first dial dials nothing.
+// receive follows the engine's PUB and passes messages to out: in
+// EndpointConnect mode it dials Endpoint, in EndpointBind mode it listens
+// on it and takes the engine's connections one at a time. After a
+// connection fails it waits ReconnectBackoff (a constant wait) and dials,
+// or takes the next connection, again; each time is counted
+// (zmq_reconnects_total). A ctx ended before the first session dials and
+// binds nothing.
 func (s *Subscriber) receive(ctx context.Context, out chan<- message) {
 	if ctx.Err() != nil {
 		return
 	}
-	var conn uint64 // connections made so far: message.conn
-	var drops dropLog
+	r := &receiver{s: s, out: out}
+	defer r.close()
 	_ = reconnect.Loop(ctx, reconnect.Backoff{Min: s.cfg.ReconnectBackoff, Max: s.cfg.ReconnectBackoff},
-		func(ctx context.Context) error { return s.connection(ctx, out, &conn, &drops) },
-		func(error, time.Duration) { s.metrics.reconnect() })
+		r.session, func(error, time.Duration) { s.metrics.reconnect() })
 }
 
-// connection dials the engine once and passes messages to out (admit) until
-// the connection fails (logged here) or ctx ends; it returns the error that
-// ended it. A connection made increments *conn. receive's goroutine only.
-func (s *Subscriber) connection(ctx context.Context, out chan<- message, conn *uint64, drops *dropLog) error {
+// receiver is the state of receive's goroutine, which alone uses it.
+type receiver struct {
+	s     *Subscriber
+	out   chan<- message
+	conn  uint64 // connections made so far: message.conn
+	drops dropLog
+	// ln listens on the bound endpoint (EndpointBind) from the first
+	// session until receive returns.
+	ln *engineListener
+	// listenFailed rate-limits the warning of a failing listen.
+	listenFailed logLimit
+}
+
+func (r *receiver) close() {
+	if r.ln != nil {
+		r.ln.close()
+	}
+}
+
+// session follows one connection of the engine: a dialed one, or in
+// EndpointBind mode the next the engine makes to the bound endpoint
+// (waiting for it as long as it takes).
+func (r *receiver) session(ctx context.Context) error {
+	s := r.s
+	if s.cfg.EndpointMode != EndpointBind {
+		return r.connection(ctx, limitedEndpoint(s.cfg.Endpoint), nil)
+	}
+	if r.ln == nil {
+		ln, err := listenEngine(s.bindAddr)
+		if err != nil {
+			if r.listenFailed.allow(time.Minute) {
+				s.log.Warn("cannot bind the engine endpoint; retrying", "endpoint", s.cfg.Endpoint, "err", err)
+			}
+			return err
+		}
+		r.ln = ln
+		ep := ln.endpoint()
+		s.bound.Store(&ep)
+		s.log.Info("listening for the engine's PUB to connect", "endpoint", ep)
+	}
+	c, err := r.ln.next(ctx)
+	if err != nil {
+		return err
+	}
+	return r.connection(withAccepted(ctx, c), acceptedScheme+"://engine", c)
+}
+
+// connection dials target once (the engine's endpoint, or with accepted
+// set the connection the engine made to the bound endpoint) and passes
+// messages to out (admit) until the connection fails (logged here) or ctx
+// ends; it returns the error that ended it. A connection made increments
+// r.conn.
+func (r *receiver) connection(ctx context.Context, target string, accepted net.Conn) error {
+	s := r.s
 	refusal := &frameRefusal{}
 	sock := zmq4.NewSub(withFrameRefusal(ctx, refusal), zmq4.WithLogger(zmqLogger), zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(s.cfg.ReconnectBackoff))
 	defer func() { _ = sock.Close() }()
+	again := "dialing again"
+	if accepted != nil {
+		// zmq4 closes a connection it failed to open only when the
+		// failure was a read or write error; this one is ours to close.
+		defer func() { _ = accepted.Close() }()
+		// A peer that connects and stays silent must not hold the
+		// engine's place: the handshake has a deadline.
+		_ = accepted.SetDeadline(time.Now().Add(handshakeTimeout))
+		again = "waiting for the engine to connect again"
+	}
 	// A refused frame closes the connection; whatever zmq4 call comes
 	// next fails with "closed connection", so the refusal is logged as
 	// the reason.
 	lost := func(what string, err error) {
 		if r := refusal.Err(); r != nil {
-			s.log.Warn("the engine's ZMTP frame is over the limit; dropping the connection and dialing again",
+			s.log.Warn("the engine's ZMTP frame is over the limit; dropping the connection and "+again,
 				"endpoint", s.cfg.Endpoint, "err", r)
 			return
 		}
-		switch what {
-		case "dial":
+		switch {
+		case what == "dial" && accepted != nil:
+			s.log.Info("a connection to the bound endpoint failed the ZMTP handshake; waiting for the engine",
+				"endpoint", s.cfg.Endpoint, "peer", accepted.RemoteAddr().String(), "err", err)
+		case what == "dial":
 			s.log.Debug("cannot dial engine; retrying", "endpoint", s.cfg.Endpoint, "err", err)
-		case "subscribe":
+		case what == "subscribe":
 			s.log.Warn("cannot subscribe; retrying", "topic", s.cfg.Topic, "err", err)
 		default:
-			s.log.Info("engine connection lost; reconnecting", "err", err)
+			s.log.Info("engine connection lost; "+again, "err", err)
 		}
 	}
-	if err := sock.Dial(limitedEndpoint(s.cfg.Endpoint)); err != nil {
+	if err := sock.Dial(target); err != nil {
 		lost("dial", err)
 		return err
+	}
+	if accepted != nil {
+		_ = accepted.SetDeadline(time.Time{})
 	}
 	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		lost("subscribe", err)
 		return err
 	}
-	*conn++
-	s.connNow.Store(*conn)
+	r.conn++
+	s.connNow.Store(r.conn)
 	select {
-	case out <- message{conn: *conn, connected: true}:
+	case r.out <- message{conn: r.conn, connected: true}:
 	case <-ctx.Done():
 	}
 	for {
@@ -653,18 +759,30 @@ func (s *Subscriber) connection(ctx context.Context, out chan<- message, conn *u
 			}
 			return err
 		}
-		m, ok := s.admit(message{frames: msg.Frames, conn: *conn}, drops)
+		m, ok := s.admit(message{frames: msg.Frames, conn: r.conn}, &r.drops)
 		if !ok {
 			continue
 		}
 		select {
-		case out <- m:
+		case r.out <- m:
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 	}
+}
+
+// logLimit rate-limits one log line: allow reports whether it may be
+// logged now, at most once per interval. One goroutine's.
+type logLimit struct{ last time.Time }
+
+func (l *logLimit) allow(interval time.Duration) bool {
+	if now := time.Now(); l.last.IsZero() || now.Sub(l.last) >= interval {
+		l.last = now
+		return true
+	}
+	return false
 }
 
 // admit counts m into the receive queue's bytes or, when that would take
