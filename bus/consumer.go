@@ -30,6 +30,13 @@ const (
 	retryMin, retryMax = 250 * time.Millisecond, 5 * time.Second
 )
 
+// sessionBackoff is the wait before a new consumer session: retryMin
+// doubling to retryMax, and retryMin again after a session that ran
+// retryMax or longer (a working one, not one more failed attempt: without
+// the reset a consumer whose NATS failed five times early in its life
+// waited 5 s after every later session end).
+var sessionBackoff = reconnect.Backoff{Min: retryMin, Max: retryMax, ResetAfter: retryMax}
+
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
 	// Stream names the stream; the consumer creates it with this
@@ -183,9 +190,10 @@ func (c *Consumer) Progress() Progress {
 
 // Run consumes until ctx ends; it returns ctx.Err(). A session that ends
 // while ctx is live is logged and followed by a new one after retryMin,
-// doubling to retryMax, never reset (reconnect.Loop).
+// doubling to retryMax, back to retryMin after a session that ran at least
+// retryMax (sessionBackoff, reconnect.Loop).
 func (c *Consumer) Run(ctx context.Context) error {
-	return reconnect.Loop(ctx, reconnect.Backoff{Min: retryMin, Max: retryMax}, c.session, func(err error, wait time.Duration) {
+	return reconnect.Loop(ctx, sessionBackoff, c.session, func(err error, wait time.Duration) {
 		c.log.Warn("NATS consumer session ended; starting a new one", "err", err, "after", wait, "last_seq", c.lastSeq.Load())
 	})
 }

@@ -46,6 +46,13 @@ type clusterState struct {
 	indexOK bool
 	pods    []metav1.PartialObjectMetadata
 	podsOK  bool
+	// nsAnnotations are the annotations of every Namespace, by name: their
+	// consent to cross-namespace claims (claim.AllowClaimsFromAnnotation).
+	// Read only over all namespaces and when a backend sets
+	// allowCrossNamespace; namespacesOK says they were, so cross-namespace
+	// claims are judged.
+	nsAnnotations map[string]map[string]string
+	namespacesOK  bool
 	// remoteBackends records, for injected-by keys outside Options.Namespace,
 	// whether the backend exists.
 	remoteBackends map[string]bool
@@ -134,6 +141,25 @@ func fetchCluster(ctx context.Context, o *Options, fs *findings) *clusterState {
 		}
 	} else {
 		c.pods, c.podsOK = pods.Items, true
+	}
+
+	// Cross-namespace claims need the pods' Namespaces (their consent), and
+	// every namespace's pods and backends: only a run over all namespaces
+	// judges them.
+	if c.podsOK && c.backendsOK && o.Namespace == "" && slices.ContainsFunc(c.backends, func(b v1alpha1.CacheBackend) bool { return b.Spec.AllowCrossNamespace }) {
+		nss := &metav1.PartialObjectMetadataList{}
+		nss.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+		if err := o.Cluster.List(ctx, nss); err != nil {
+			if c.listErr("namespaces", err, fs) {
+				return nil
+			}
+		} else {
+			c.nsAnnotations = make(map[string]map[string]string, len(nss.Items))
+			for _, n := range nss.Items {
+				c.nsAnnotations[n.Name] = n.Annotations
+			}
+			c.namespacesOK = true
+		}
 	}
 
 	if o.Controller != nil {
@@ -337,22 +363,35 @@ func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.C
 	if !c.podsOK {
 		return
 	}
-	// The controller's claim rule: a pod matched by several backends of its
-	// namespace belongs to the first by name (cross-namespace claims are
-	// left to the controller: the doctor may see one namespace only).
-	// matched maps each claimed pod to its injected-by annotation ("" when
-	// it carries none).
-	matched := map[string]string{}
+	// The pod webhook's claim rule (claim.Owner): a pod matched by several
+	// backends of its namespace belongs to the first by name; one that no
+	// backend of its namespace claims belongs to the first backend of
+	// another namespace that sets allowCrossNamespace and that the pod's
+	// namespace consents to. Pods outside b's namespace are judged only
+	// when the Namespaces were read (a run over all namespaces). matched
+	// maps each claimed pod to its injected-by annotation ("" when it
+	// carries none).
+	matched := map[podRef]string{}
 	for _, p := range c.pods {
-		if p.Namespace != b.Namespace {
+		if p.Namespace != b.Namespace && !c.namespacesOK {
 			continue
 		}
-		if owner := claim.Claimant(c.backends, p.Namespace, p.Labels, p.Annotations); owner != nil && owner.Name == b.Name {
-			matched[p.Name] = strings.TrimSpace(p.Annotations[InjectedByAnnotation])
+		cp := claim.Pod{Namespace: p.Namespace, NamespaceAnnotations: c.nsAnnotations[p.Namespace], Labels: p.Labels, Annotations: p.Annotations}
+		if claim.Claims(b, c.backends, cp) {
+			matched[podRef{p.Namespace, p.Name}] = strings.TrimSpace(p.Annotations[InjectedByAnnotation])
 		}
 	}
 	if len(matched) == 0 {
-		fs.add(CodeEnginePods, Warn, obj, "no pod in %s is claimed through engineSelector %s (none matches, or an earlier backend by name claims them)", b.Namespace, formatLabels(sel))
+		msg := fmt.Sprintf("no pod in %s is claimed through engineSelector %s (none matches, or an earlier backend by name claims them)", b.Namespace, formatLabels(sel))
+		switch {
+		case !b.Spec.AllowCrossNamespace:
+		case c.namespacesOK:
+			msg = fmt.Sprintf("no pod in %s, or in a namespace whose %s names %s, is claimed through engineSelector %s (none matches, or an earlier backend claims them)",
+				b.Namespace, claim.AllowClaimsFromAnnotation, b.Namespace, formatLabels(sel))
+		default:
+			msg += "; the pods it claims in other namespaces (allowCrossNamespace) were not checked: run the doctor over all namespaces"
+		}
+		fs.add(CodeEnginePods, Warn, obj, "%s", msg)
 		return
 	}
 	fs.add(CodeEnginePods, OK, obj, "%s match %s", plural(len(matched), "engine pod"), formatLabels(sel))
@@ -360,15 +399,41 @@ func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.C
 	c.checkParticipation(b, obj, matched, snap, fs)
 }
 
+// podRef names a claimed pod.
+type podRef struct{ namespace, name string }
+
+// in is the pod's name as a backend of namespace ns reports it: the name for
+// a pod of ns, namespace/name for one of another namespace.
+func (p podRef) in(ns string) string {
+	if p.namespace == ns {
+		return p.name
+	}
+	return p.namespace + "/" + p.name
+}
+
+// sortedPods returns the claimed pods as backend namespace ns names them,
+// sorted, with their refs in the same order.
+func sortedPods(matched map[podRef]string, ns string) ([]string, []podRef) {
+	refs := slices.SortedFunc(maps.Keys(matched), func(a, b podRef) int {
+		return strings.Compare(a.in(ns), b.in(ns))
+	})
+	names := make([]string, len(refs))
+	for i, r := range refs {
+		names[i] = r.in(ns)
+	}
+	return names, refs
+}
+
 // checkInjection reports the claimed pods that do not carry the backend's
 // injection: admitted while the pod webhook was down or failing open, refused
 // by it (it warns and admits), created before the backend, or injected for
 // another backend that claimed them then.
-func checkInjection(b *v1alpha1.CacheBackend, obj string, matched map[string]string, fs *findings) {
+func checkInjection(b *v1alpha1.CacheBackend, obj string, matched map[podRef]string, fs *findings) {
 	want := b.Namespace + "/" + b.Name
 	var none, other []string
-	for _, name := range slices.Sorted(maps.Keys(matched)) {
-		switch by := matched[name]; by {
+	names, refs := sortedPods(matched, b.Namespace)
+	for i, name := range names {
+		switch by := matched[refs[i]]; by {
 		case want:
 		case "":
 			none = append(none, name)
@@ -396,24 +461,26 @@ func checkInjection(b *v1alpha1.CacheBackend, obj string, matched map[string]str
 
 // checkParticipation looks for the backend's matched pods in the index: in
 // the live snapshot (a replica is the pod named by its replicaId in the
-// namespace named by its tenant) or, without one, in
-// status.indexParticipation.
+// namespace named by its tenant: the pod's own, also for a pod claimed
+// across namespaces) or, without one, in status.indexParticipation.
 //
 // Every matched pod must be there: one that is not has no KV events reaching
 // the server, whatever its siblings do.
-func (c *clusterState) checkParticipation(b *v1alpha1.CacheBackend, obj string, matched map[string]string, snap *controlapi.CacheSnapshot, fs *findings) {
+func (c *clusterState) checkParticipation(b *v1alpha1.CacheBackend, obj string, matched map[podRef]string, snap *controlapi.CacheSnapshot, fs *findings) {
 	if snap != nil {
-		indexed := map[string]bool{}
+		indexed := map[podRef]bool{}
 		var prefixes int64
 		for _, r := range snap.Replicas {
-			if _, ok := matched[r.ReplicaID]; ok && r.Tenant == b.Namespace {
-				indexed[r.ReplicaID] = true
+			ref := podRef{r.Tenant, r.ReplicaID}
+			if _, ok := matched[ref]; ok {
+				indexed[ref] = true
 				prefixes += r.PrefixCount
 			}
 		}
 		var missing []string
-		for _, name := range slices.Sorted(maps.Keys(matched)) {
-			if !indexed[name] {
+		names, refs := sortedPods(matched, b.Namespace)
+		for i, name := range names {
+			if !indexed[refs[i]] {
 				missing = append(missing, name)
 			}
 		}

@@ -463,6 +463,47 @@ func TestInstallation(t *testing.T) {
 		}
 	})
 
+	// cross: a backend with allowCrossNamespace claims the engine pods of a
+	// namespace that consents (inferencecache.io/allow-claims-from names the
+	// backend's namespace), as the pod webhook does (claim.Owner), and not
+	// those of one that does not. Judged by a run over all namespaces.
+	crossEngine := map[string]string{"app": "cross-engine"}
+	acceptedPolicy(in, t, "cross-home")
+	cross := backend("cross-home", "cb", crossEngine)
+	cross.Spec.AllowCrossNamespace = true
+	in.create(t, cross, func() {
+		cross.Status.ObservedGeneration = cross.Generation
+		cross.Status.Conditions = []metav1.Condition{cond(v1alpha1.BackendConditionReady, metav1.ConditionTrue, "Available")}
+	})
+	for ns, consent := range map[string]string{"cross-ok": "cache-a, cross-home", "cross-refuses": "cache-a"} {
+		if err := in.c.Create(ctxT(t), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+			Annotations: map[string]string{"inferencecache.io/allow-claims-from": consent}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod(in, t, "cross-ok", "engine-0", crossEngine, "cross-home/cb")
+	pod(in, t, "cross-refuses", "engine-0", crossEngine, "")
+	in.index(t, "cross-ok", "engine-0", 2) // the sidecar's tenant is the pod's namespace
+	t.Run("a cross-namespace claim needs the pod namespace's consent", func(t *testing.T) {
+		r := doctor.Run(ctxT(t), in.options(t, ""))
+		obj := "cachebackend cross-home/cb"
+		if f := findingAt(r, doctor.CodeEnginePods, obj); f == nil || f.Severity != doctor.OK || !strings.Contains(f.Message, "1 engine pod ") {
+			t.Errorf("IC220 %+v, want OK with the one pod of cross-ok", f)
+		}
+		if f := findingAt(r, doctor.CodeInjection, obj); f == nil || f.Severity != doctor.OK {
+			t.Errorf("IC231 %+v, want OK", f)
+		}
+		if f := findingAt(r, doctor.CodeParticipation, obj); f == nil || f.Severity != doctor.OK {
+			t.Errorf("IC230 %+v, want OK (cross-ok/engine-0 is in the index under tenant cross-ok)", f)
+		}
+		// Scoped to the backend's namespace, the doctor cannot see the
+		// pods it claims elsewhere, and says so.
+		r = doctor.Run(ctxT(t), in.options(t, "cross-home"))
+		if f := findingAt(r, doctor.CodeEnginePods, obj); f == nil || f.Severity != doctor.Warn || !strings.Contains(f.Message, "allowCrossNamespace") {
+			t.Errorf("-n cross-home: IC220 %+v, want a WARN saying other namespaces were not checked", f)
+		}
+	})
+
 	// policies: a conflicted policy, one never reconciled, and an accepted
 	// one whose push failed.
 	for _, p := range []struct {

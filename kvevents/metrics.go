@@ -58,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		batchesDecoded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "batches_decoded_total", Help: "Engine event batches decoded."}),
 		batchesDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "batches_dropped_total", Help: "Engine event batches skipped as malformed, by reason."}, []string{"reason"}),
+			Name: "batches_dropped_total", Help: "Engine event batches skipped as malformed, or dropped by the receive queue's byte bound (reason receive_queue), by reason."}, []string{"reason"}),
 		eventsDecoded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "events_decoded_total", Help: "Engine KV events decoded, by type."}, []string{"type"}),
 		eventsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,

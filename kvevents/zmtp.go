@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/go-zeromq/zmq4"
@@ -54,11 +55,18 @@ const (
 // dials it through.
 var limitedSchemes = map[string]string{"tcp": "kvevents-tcp", "ipc": "kvevents-ipc"}
 
+// acceptedScheme is the transport that "dials" a connection the subscriber
+// accepted itself (EndpointBind): see acceptedTransport.
+const acceptedScheme = "kvevents-accepted"
+
 func init() {
 	for network, name := range map[string]string{"tcp": limitedSchemes["tcp"], "unix": limitedSchemes["ipc"]} {
 		if err := zmq4.RegisterTransport(name, limitTransport{base: transport.New(network)}); err != nil {
 			panic(fmt.Sprintf("BUG: cannot register the %s transport: %v", name, err))
 		}
+	}
+	if err := zmq4.RegisterTransport(acceptedScheme, acceptedTransport{}); err != nil {
+		panic(fmt.Sprintf("BUG: cannot register the %s transport: %v", acceptedScheme, err))
 	}
 }
 
@@ -76,8 +84,11 @@ func limitedEndpoint(ep string) string {
 	return ep
 }
 
-// limitTransport dials like base and wraps every connection in a
-// frameLimitConn. Listening is base's (the subscriber never listens).
+// limitTransport dials and listens like base and wraps every connection,
+// dialed or accepted, in a frameLimitConn. (The subscriber's SUB never
+// listens through zmq4: in EndpointBind mode it accepts the engine's
+// connection itself and hands it over through acceptedTransport, so that
+// each socket has one connection, whose start the sync relies on.)
 type limitTransport struct{ base transport.Transport }
 
 func (t limitTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
@@ -116,8 +127,66 @@ func (r *frameRefusal) Err() error {
 }
 
 func (t limitTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
-	return t.base.Listen(ctx, addr)
+	l, err := t.base.Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return limitListener{l}, nil
 }
+
+// limitListener wraps the connections it accepts in a frameLimitConn.
+type limitListener struct{ net.Listener }
+
+func (l limitListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return newFrameLimitConn(c, MaxZMTPFrameBytes, MaxZMTPMessageBytes, MaxZMTPMessageFrames), nil
+}
+
+// acceptedTransport's Dial returns the connection riding in the dialing
+// socket's context (withAccepted; zmq4 passes the context of NewSub to its
+// transports), wrapped in a frameLimitConn like a dialed one, and fails
+// for a second dial: the engine's connection, accepted by the
+// subscriber's own listener (EndpointBind), becomes the one connection of
+// a SUB socket of its own, exactly like a dialed one.
+type acceptedTransport struct{}
+
+type acceptedKey struct{}
+
+// acceptedConn hands one accepted connection to one dial.
+type acceptedConn struct {
+	mu   sync.Mutex
+	conn net.Conn // nil once taken
+}
+
+func withAccepted(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, acceptedKey{}, &acceptedConn{conn: c})
+}
+
+func (acceptedTransport) Dial(ctx context.Context, _ transport.Dialer, _ string) (net.Conn, error) {
+	a, _ := ctx.Value(acceptedKey{}).(*acceptedConn)
+	if a == nil {
+		return nil, errors.New("kvevents: no accepted connection to hand over")
+	}
+	a.mu.Lock()
+	c := a.conn
+	a.conn = nil
+	a.mu.Unlock()
+	if c == nil {
+		return nil, errors.New("kvevents: the accepted connection was handed over already")
+	}
+	fc := newFrameLimitConn(c, MaxZMTPFrameBytes, MaxZMTPMessageBytes, MaxZMTPMessageFrames)
+	fc.refusal, _ = ctx.Value(frameRefusalKey{}).(*frameRefusal)
+	return fc, nil
+}
+
+func (acceptedTransport) Listen(context.Context, string) (net.Listener, error) {
+	return nil, errors.New("kvevents: the accepted-connection transport does not listen")
+}
+
+func (acceptedTransport) Addr(ep string) (string, error) { return ep, nil }
 
 func (t limitTransport) Addr(ep string) (string, error) { return t.base.Addr(ep) }
 

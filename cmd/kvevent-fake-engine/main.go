@@ -39,7 +39,8 @@ func run(args []string) error {
 		stateAddr                            string
 	)
 	fs := flag.NewFlagSet("kvevent-fake-engine", flag.ContinueOnError)
-	fs.StringVar(&pcfg.Endpoint, "endpoint", "tcp://127.0.0.1:5557", "PUB bind endpoint")
+	fs.StringVar(&pcfg.Endpoint, "endpoint", "tcp://127.0.0.1:5557", "PUB bind endpoint (with --connect: the endpoint it connects to)")
+	fs.BoolVar(&pcfg.Connect, "connect", false, "connect the PUB socket to --endpoint instead of binding it, as vLLM and SGLang do for an endpoint without a wildcard (a subscriber run with --engine-endpoint-mode=bind listens there); retried every 100 ms, and again after a lost connection")
 	fs.StringVar(&pcfg.ReplayEndpoint, "replay-endpoint", "tcp://127.0.0.1:5558", "replay ROUTER bind endpoint (empty: no replay)")
 	fs.StringVar(&pcfg.Topic, "topic", "kv-events", "topic frame")
 	fs.IntVar(&pcfg.RingSize, "ring-size", fakeengine.DefaultRingSize, "batches kept for replay (the engine's buffer_steps)")

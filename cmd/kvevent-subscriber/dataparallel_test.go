@@ -54,14 +54,84 @@ func rankEngines(t *testing.T, n int) (pubs []*fakeengine.Publisher, pubBase, re
 	return nil, 0, 0
 }
 
+// connectingRankEngines starts fake engines for ranks 0..n-1 as the pod
+// injection wires a data-parallel vLLM: rank r's PUB connects to
+// 127.0.0.1:base+r (which the subscriber binds), its replay ROUTER binds
+// base+n+r. It returns the engines and base.
+func connectingRankEngines(t *testing.T, n int) ([]*fakeengine.Publisher, int) {
+	t.Helper()
+	for range 20 {
+		// 2n consecutive free ports: listen on them all, then let go.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := ln.Addr().(*net.TCPAddr).Port
+		held := []net.Listener{ln}
+		for i := 1; i < 2*n; i++ {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
+			if err != nil {
+				break
+			}
+			held = append(held, l)
+		}
+		for _, l := range held {
+			_ = l.Close()
+		}
+		if len(held) < 2*n {
+			continue
+		}
+		var started []*fakeengine.Publisher
+		for r := range n {
+			pub, err := fakeengine.NewPublisher(fakeengine.Config{
+				Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+r), Connect: true,
+				ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+n+r), Topic: "kv-events", RingSize: 100})
+			if err != nil {
+				break
+			}
+			started = append(started, pub)
+		}
+		if len(started) == n {
+			for _, p := range started {
+				t.Cleanup(func() { _ = p.Close() })
+			}
+			return started, base
+		}
+		for _, p := range started {
+			_ = p.Close()
+		}
+	}
+	t.Fatal("cannot find consecutive free ports for the ranks")
+	return nil, 0
+}
+
 // TestRunDataParallel: one subscriber process for a 2-rank data-parallel
 // engine (--data-parallel-size 2) follows each rank on its port (base +
 // rank) and reports each as its own replica, <pod>-dp<rank>, to a real
 // server: its rank's blocks and its rank's load (the engine's /metrics
-// carries both ranks, labelled engine="<rank>").
+// carries both ranks, labelled engine="<rank>"). The bind variant is the
+// layout the pod injection wires: the subscriber binds 127.0.0.1:base+r
+// (--engine-endpoint-mode=bind) and each rank's PUB connects to it; the
+// replays follow the last rank's publisher (base+2+r).
 func TestRunDataParallel(t *testing.T) {
+	for _, bind := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bind=%t", bind), func(t *testing.T) { runDataParallel(t, bind) })
+	}
+}
+
+func runDataParallel(t *testing.T, bind bool) {
 	srv := servertest.Start(t, nil)
-	pubs, pubBase, repBase := rankEngines(t, 2)
+	var (
+		pubs             []*fakeengine.Publisher
+		pubBase, repBase int
+		mode             = "connect"
+	)
+	if bind {
+		pubs, pubBase = connectingRankEngines(t, 2)
+		repBase, mode = pubBase+2, "bind"
+	} else {
+		pubs, pubBase, repBase = rankEngines(t, 2)
+	}
 	page := "# TYPE vllm:num_requests_running gauge\n" +
 		"vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3\n" +
 		"vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 7\n" +
@@ -80,7 +150,7 @@ func TestRunDataParallel(t *testing.T) {
 		defer wcancel()
 		done <- run(ctx, []string{"--replica-id", "pod", "--tenant-id", "t", "--model-id", "m",
 			"--engine-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", pubBase),
-			"--engine-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", repBase),
+			"--engine-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", repBase), "--engine-endpoint-mode", mode,
 			"--engine-metrics-url", metrics.URL, "--stats-interval", "50ms",
 			"--server-address", srv.GRPCAddr().String(), "--metrics-bind-address", "",
 			"--state-file", filepath.Join(t.TempDir(), "state"), "--log-level", "warn",

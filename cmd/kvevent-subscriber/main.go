@@ -44,26 +44,28 @@ func main() {
 
 func run(ctx context.Context, args []string) error {
 	var (
-		cfg        kvevents.Config
-		loras      string
-		serverAddr string
-		tlsFiles   kvevents.TLSFiles
-		metricsAdr string
-		logLevel   string
-		refresh    time.Duration
-		heartbeat  time.Duration
-		natsURL    string
-		natsStream bus.StreamConfig
-		natsMaxTTL time.Duration
-		natsMaxPnd int
-		dp         kvevents.DataParallel
+		cfg          kvevents.Config
+		loras        string
+		serverAddr   string
+		tlsFiles     kvevents.TLSFiles
+		metricsAdr   string
+		logLevel     string
+		refresh      time.Duration
+		heartbeat    time.Duration
+		natsURL      string
+		natsStream   bus.StreamConfig
+		natsMaxTTL   time.Duration
+		natsMaxPnd   int
+		dp           kvevents.DataParallel
+		endpointMode string
 	)
 	fs := flag.NewFlagSet("kvevent-subscriber", flag.ContinueOnError)
 	fs.StringVar(&cfg.ReplicaID, "replica-id", "", "replica id reported to the server (the pod name)")
 	fs.StringVar(&cfg.TenantID, "tenant-id", "", "tenant id (the pod namespace)")
 	fs.StringVar(&cfg.ModelID, "model-id", "", "model id")
 	fs.StringVar(&cfg.HashScheme, "hash-scheme", "vllm", "engine hash scheme: vllm or sglang")
-	fs.StringVar(&cfg.Endpoint, "engine-endpoint", kvevents.DefaultEndpoint, "engine ZMQ PUB endpoint")
+	fs.StringVar(&cfg.Endpoint, "engine-endpoint", kvevents.DefaultEndpoint, "engine ZMQ PUB endpoint (with --engine-endpoint-mode=bind: the loopback address this subscriber binds)")
+	fs.StringVar(&endpointMode, "engine-endpoint-mode", string(kvevents.EndpointConnect), `which side binds --engine-endpoint: "connect" (the engine binds, e.g. tcp://*:5557, and the subscriber connects) or "bind" (the subscriber binds a tcp://127.0.0.1:PORT address and the engine's PUB, given that same address, connects to it: the live events stay inside the pod)`)
 	fs.StringVar(&cfg.ReplayEndpoint, "engine-replay-endpoint", "", "engine ZMQ replay ROUTER endpoint (empty: gaps reset the replica)")
 	fs.StringVar(&cfg.Topic, "topic", kvevents.DefaultTopic, "ZMQ topic to subscribe to")
 	fs.StringVar(&cfg.MetricsURL, "engine-metrics-url", "", "engine Prometheus /metrics URL (empty: no stats)")
@@ -127,6 +129,9 @@ func run(ctx context.Context, args []string) error {
 	}
 	if cfg.LoRAAdapters, err = kvevents.ParseLoRAAdapters(loras); err != nil {
 		return err
+	}
+	if cfg.EndpointMode, err = kvevents.ParseEndpointMode(endpointMode); err != nil {
+		return fmt.Errorf("cannot parse --engine-endpoint-mode: %w", err)
 	}
 	if err := dp.Validate(); err != nil {
 		return err
@@ -222,7 +227,7 @@ func run(ctx context.Context, args []string) error {
 		log.Warn("--refresh-interval is not below the server's default TTL: held blocks still age out between refreshes",
 			"refresh_interval", refresh, "default_ttl", defaultServerTTL)
 	}
-	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID,
+	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID, "engine_endpoint", cfg.Endpoint, "engine_endpoint_mode", cfg.EndpointMode,
 		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", target, "l2", cfg.L2,
 		"refresh_interval", refresh, "state_file", cfg.StateFile, "heartbeat", heartbeat,
 		"data_parallel_size", dp.Size, "ranks", dp.Ranks())

@@ -21,10 +21,12 @@
 //     without another ctx check.
 //   - The waits are Min, then each one twice the one before, at most Max:
 //     Min, 2·Min, 4·Min, ..., Max, Max, ... Min == Max is a constant wait
-//     (the kvevents subscriber's ReconnectBackoff). There is no jitter and no
-//     reset: a session that ran for hours is followed by the same wait as a
-//     failed dial, the wait the sequence has reached (neither caller reset
-//     its backoff; a reset would change when they reconnect).
+//     (the kvevents subscriber's ReconnectBackoff). There is no jitter.
+//   - With ResetAfter set, a session that ran at least that long was a
+//     working one, not one more failed attempt: the wait after it is Min
+//     again, and the doubling starts over (bus.Consumer: a session that ran
+//     for hours is followed by 250 ms, not by the 5 s its first failures
+//     reached). Without it the waits never reset.
 //   - Loop returns only when ctx ends, always with ctx.Err().
 package reconnect
 
@@ -38,6 +40,9 @@ import (
 // constant wait).
 type Backoff struct {
 	Min, Max time.Duration
+	// ResetAfter, when positive, makes a session that ran at least this
+	// long start the waits again at Min. 0 never resets.
+	ResetAfter time.Duration
 }
 
 // next returns the wait after d: twice d, at most Max (compared before
@@ -61,9 +66,13 @@ func Loop(ctx context.Context, b Backoff, session func(context.Context) error, r
 	}
 	wait := b.Min
 	for {
+		start := time.Now()
 		err := session(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if b.ResetAfter > 0 && time.Since(start) >= b.ResetAfter {
+			wait = b.Min
 		}
 		if retrying != nil {
 			retrying(err, wait)

@@ -26,16 +26,16 @@ func TestBackoffSequence(t *testing.T) {
 		b    Backoff
 		want []time.Duration
 	}{
-		// bus.Consumer: 250 ms doubling to 5 s, capped, never reset.
-		{"consumer", Backoff{250 * ms, 5 * time.Second},
+		// bus.Consumer: 250 ms doubling to 5 s, capped (reset after a working session: TestLoopResetsAfterAWorkingSession).
+		{"consumer", Backoff{Min: 250 * ms, Max: 5 * time.Second},
 			[]time.Duration{250 * ms, 500 * ms, time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second, 5 * time.Second}},
 		// kvevents: a constant ReconnectBackoff.
-		{"constant", Backoff{time.Second, time.Second}, []time.Duration{time.Second, time.Second, time.Second, time.Second}},
-		{"constant 1ns", Backoff{1, 1}, []time.Duration{1, 1, 1}},
-		{"max below min", Backoff{10 * ms, 5 * ms}, []time.Duration{10 * ms, 10 * ms, 10 * ms}},
-		{"max not a power of two of min", Backoff{3 * ms, 10 * ms}, []time.Duration{3 * ms, 6 * ms, 10 * ms, 10 * ms}},
-		{"largest constant", Backoff{math.MaxInt64, math.MaxInt64}, []time.Duration{math.MaxInt64, math.MaxInt64, math.MaxInt64}},
-		{"doubling past half the largest", Backoff{math.MaxInt64/2 - 1, math.MaxInt64},
+		{"constant", Backoff{Min: time.Second, Max: time.Second}, []time.Duration{time.Second, time.Second, time.Second, time.Second}},
+		{"constant 1ns", Backoff{Min: 1, Max: 1}, []time.Duration{1, 1, 1}},
+		{"max below min", Backoff{Min: 10 * ms, Max: 5 * ms}, []time.Duration{10 * ms, 10 * ms, 10 * ms}},
+		{"max not a power of two of min", Backoff{Min: 3 * ms, Max: 10 * ms}, []time.Duration{3 * ms, 6 * ms, 10 * ms, 10 * ms}},
+		{"largest constant", Backoff{Min: math.MaxInt64, Max: math.MaxInt64}, []time.Duration{math.MaxInt64, math.MaxInt64, math.MaxInt64}},
+		{"doubling past half the largest", Backoff{Min: math.MaxInt64/2 - 1, Max: math.MaxInt64},
 			[]time.Duration{math.MaxInt64/2 - 1, math.MaxInt64 - 3, math.MaxInt64, math.MaxInt64}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -49,7 +49,7 @@ func TestBackoffSequence(t *testing.T) {
 // From 1 ns to the largest duration, every wait doubles until the cap,
 // and none overflows.
 func TestBackoffNoOverflow(t *testing.T) {
-	b := Backoff{1, math.MaxInt64}
+	b := Backoff{Min: 1, Max: math.MaxInt64}
 	got := waits(b, 70)
 	for i, d := range got {
 		want := time.Duration(math.MaxInt64)
@@ -227,5 +227,67 @@ func TestLoopRejectsNonPositiveMin(t *testing.T) {
 				return nil
 			}, nil)
 		}()
+	}
+}
+
+// A session that ran at least ResetAfter was a working one, not one more
+// failed attempt: the wait after it starts again at Min, and the doubling
+// starts over from there. Shorter sessions keep doubling.
+func TestLoopResetsAfterAWorkingSession(t *testing.T) {
+	const ms = time.Millisecond
+	b := Backoff{Min: ms, Max: 8 * ms, ResetAfter: 200 * ms}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Sessions 0-4 fail at once, 5 runs past ResetAfter, 6-7 fail at once.
+	const long, sessions = 5, 8
+	started := 0
+	var gotWaits []time.Duration
+	err := Loop(ctx, b, func(ctx context.Context) error {
+		i := started
+		started++
+		switch {
+		case i == sessions-1:
+			cancel()
+		case i == long:
+			timer := time.NewTimer(b.ResetAfter + 20*ms)
+			defer timer.Stop()
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
+		}
+		return fmt.Errorf("session %d", i)
+	}, func(_ error, wait time.Duration) { gotWaits = append(gotWaits, wait) })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Loop = %v, want context.Canceled", err)
+	}
+	want := []time.Duration{ms, 2 * ms, 4 * ms, 8 * ms, 8 * ms, ms, 2 * ms}
+	if !slices.Equal(gotWaits, want) {
+		t.Errorf("waits %v, want %v (reset to Min after the session that ran %v)", gotWaits, want, b.ResetAfter+20*ms)
+	}
+}
+
+// Without ResetAfter the waits never reset, however long a session ran
+// (the kvevents subscriber's constant wait and the old behaviour).
+func TestLoopNoResetByDefault(t *testing.T) {
+	const ms = time.Millisecond
+	b := Backoff{Min: ms, Max: 4 * ms}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	started := 0
+	var gotWaits []time.Duration
+	_ = Loop(ctx, b, func(ctx context.Context) error {
+		i := started
+		started++
+		switch i {
+		case 3:
+			time.Sleep(50 * ms) // bounded: a "long" session
+		case 5:
+			cancel()
+		}
+		return errors.New("failed")
+	}, func(_ error, wait time.Duration) { gotWaits = append(gotWaits, wait) })
+	if want := []time.Duration{ms, 2 * ms, 4 * ms, 4 * ms, 4 * ms}; !slices.Equal(gotWaits, want) {
+		t.Errorf("waits %v, want %v", gotWaits, want)
 	}
 }

@@ -2,8 +2,10 @@ package fakeengine_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -304,5 +306,86 @@ func TestMooncakeTimestampsFollowWallClock(t *testing.T) {
 		if want := float64(start.Add(off).UnixMicro()) / 1e6; math.Abs(b.TS-want) > 1e-6 {
 			t.Fatalf("batch %d ts %v, want %v (%v after start)", i, b.TS, want, off)
 		}
+	}
+}
+
+// With Connect the PUB connects to a SUB that listens, retrying until it
+// does (the engine starts first), and connects again after the SUB went
+// away and came back; Close does not wait for a listener that accepted the
+// connection but never speaks.
+func TestPublisherConnects(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "tcp://" + ln.Addr().String()
+	_ = ln.Close() // nothing listens yet
+	pub, err := fakeengine.NewPublisher(fakeengine.Config{Endpoint: ep, Connect: true, Topic: "kv-events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if pub.Endpoint() != ep {
+		t.Errorf("Endpoint %q, want %q", pub.Endpoint(), ep)
+	}
+	for round := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		sub := zmq4.NewSub(ctx)
+		if err := sub.SetOption(zmq4.OptionSubscribe, "kv-events"); err != nil {
+			t.Fatal(err)
+		}
+		if err := sub.Listen(ep); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan uint64, 1)
+		go func() {
+			if msg, err := sub.Recv(); err == nil && len(msg.Frames) == 3 && len(msg.Frames[1]) == 8 {
+				got <- binary.BigEndian.Uint64(msg.Frames[1])
+			}
+		}()
+		// Publish until one arrives: after the first round the PUB may
+		// still list its dead connection as subscribed for a moment.
+		tick := time.NewTicker(50 * time.Millisecond)
+	wait:
+		for {
+			if _, err := pub.Publish(sampleBatch()); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case seq := <-got:
+				t.Logf("round %d: batch %d received", round, seq)
+				break wait
+			case <-ctx.Done():
+				t.Fatalf("round %d: the connecting PUB delivered nothing to the listening SUB", round)
+			case <-tick.C:
+			}
+		}
+		tick.Stop()
+		_ = sub.Close()
+		cancel()
+	}
+
+	// A listener that accepts and never answers: the PUB's handshake
+	// waits on it, and Close ends it.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	stuck, err := fakeengine.NewPublisher(fakeengine.Config{Endpoint: "tcp://" + silent.Addr().String(), Connect: true, Topic: "kv-events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := silent.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	closed := make(chan struct{})
+	go func() { _ = stuck.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for a handshake that never ends")
 	}
 }

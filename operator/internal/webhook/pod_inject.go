@@ -48,10 +48,11 @@ const (
 	// AnnotationDataParallelSize is the number of data-parallel ranks the
 	// engine runs in the pod (vLLM/SGLang --data-parallel-size); without
 	// it the engine container's own --data-parallel-size (-dp, --dp-size)
-	// is read. With R > 1 ranks the pod gets one subscriber per rank.
+	// is read. With R > 1 ranks the sidecar follows each rank as a replica
+	// of its own (--data-parallel-size).
 	AnnotationDataParallelSize = "inferencecache.io/data-parallel-size"
 	// maxDataParallelRanks bounds the ranks wired in one pod (ports
-	// 5557..5557+2R-1, and R sidecars).
+	// 5557..5557+2R-1, and the sidecar's resources, which grow with R).
 	maxDataParallelRanks = 64
 	// SubscriberContainer is the name of the injected sidecar.
 	SubscriberContainer = "kvevent-subscriber"
@@ -70,16 +71,15 @@ const (
 	ReasonInjectionIncomplete = "InjectionIncomplete"
 )
 
-// Engine endpoints inside the pod (contract §7.1/§7.2): the engine publishes
-// KV events at 5557 and serves replays on loopback at 5558; the sidecar
-// dials both on loopback.
+// Engine endpoints inside the pod (contract §7.1/§7.2), all on loopback:
+// the sidecar binds 5557 and the engine's KV-event publisher connects to it;
+// the engine serves replays at 5558 (ranks: see kvEventsConfig).
 const (
-	loopback              = "127.0.0.1"
-	kvEventsPort          = 5557
-	subscriberMetricsPort = 9091
-	kvEventsTopic         = "kv-events"
-	vllmMetricsURL        = "http://127.0.0.1:8000/metrics"
-	sglangMetricURL       = "http://127.0.0.1:30000/metrics"
+	loopback        = "127.0.0.1"
+	kvEventsPort    = 5557
+	kvEventsTopic   = "kv-events"
+	vllmMetricsURL  = "http://127.0.0.1:8000/metrics"
+	sglangMetricURL = "http://127.0.0.1:30000/metrics"
 )
 
 // PodInjectorOptions configures what the pod webhook injects.

@@ -60,6 +60,7 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 	}
 
 	model := cb.Spec.BackendConfig[BackendConfigModel]
+	events, eventsErr := engineEvents(c)
 	switch {
 	case o.SubscriberImage == "":
 		warnings = append(warnings, "inferencecache: the controller runs without --kvevent-subscriber-image; no kvevent-subscriber sidecar was injected")
@@ -70,10 +71,10 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 		// The pod brings its own subscriber.
 	case ranks > maxDataParallelRanks:
 		warnings = append(warnings, fmt.Sprintf("inferencecache: the engine runs %d data-parallel ranks, more than the %d the webhook wires; no kvevent-subscriber sidecar was injected", ranks, maxDataParallelRanks))
+	case eventsErr != nil:
+		warnings = append(warnings, fmt.Sprintf("inferencecache: %v; no kvevent-subscriber sidecar was injected", eventsErr))
 	default:
-		for r := range ranks {
-			pod.Spec.Containers = append(pod.Spec.Containers, subscriber(in, model, o, rank{index: r, of: ranks}))
-		}
+		pod.Spec.Containers = append(pod.Spec.Containers, subscriber(in, model, o, ranks, events))
 		if !slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == subscriberStateVolume }) {
 			pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: subscriberStateVolume,
 				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptrTo(resource.MustParse("64Mi"))}}})
@@ -105,18 +106,17 @@ func KVEventsConfig() string { return kvEventsConfig(1) }
 
 // kvEventsConfig is the engine's --kv-events-config value for ranks
 // data-parallel ranks (contract §7.2), topic kv-events; vLLM and SGLang
-// take the same JSON, and both place rank r at the base port + r.
+// take the same JSON, and both place rank r at the configured ports + r.
 //
-// The replay ROUTER, which hands any client the engine's recent history, is
-// bound to loopback: only the sidecars in the pod reach it. The publisher
-// cannot be: both engines bind their PUB socket only for an endpoint with a
-// wildcard ("*" or "::"; also ipc/inproc) and connect it otherwise, so
-// tcp://127.0.0.1:5557 would make the engine dial out to a subscriber that
-// dials too. It binds tcp://*:5557. Putting it on loopback needs a
-// subscriber that binds its SUB socket (the engine's PUB then connects to
-// it); see operator/README.md. Replays follow the last rank's publisher:
-// publishers 5557..5557+R-1, replays 5557+R..5557+2R-1 (5557 and 5558 for
-// one rank).
+// Everything stays on loopback, inside the pod. The replay ROUTER, which
+// hands any client the engine's recent history, the engines always bind.
+// The PUB socket they bind only for an endpoint with a wildcard ("*" or
+// "::"; also ipc/inproc) and connect otherwise: tcp://127.0.0.1:5557 makes
+// the engine connect, and the sidecar binds that address
+// (--engine-endpoint-mode=bind), so the live events never reach the pod
+// network either. Publishers 5557..5557+R-1, replays after the last rank,
+// 5557+R..5557+2R-1 (5557 and 5558 for one rank), so no replay port is
+// another rank's publisher port.
 func kvEventsConfig(ranks int) string {
 	b, _ := json.Marshal(struct {
 		Enable         bool   `json:"enable_kv_cache_events"`
@@ -124,9 +124,13 @@ func kvEventsConfig(ranks int) string {
 		Endpoint       string `json:"endpoint"`
 		ReplayEndpoint string `json:"replay_endpoint"`
 		Topic          string `json:"topic"`
-	}{true, "zmq", "tcp://*:" + strconv.Itoa(kvEventsPort), loopbackTCP(kvEventsPort + ranks), kvEventsTopic})
+	}{true, "zmq", loopbackTCP(kvEventsPort), replayEndpoint(ranks), kvEventsTopic})
 	return string(b)
 }
+
+// replayEndpoint is rank 0's replay endpoint for ranks data-parallel ranks:
+// the port after the last rank's publisher.
+func replayEndpoint(ranks int) string { return loopbackTCP(kvEventsPort + ranks) }
 
 func loopbackTCP(port int) string { return "tcp://" + loopback + ":" + strconv.Itoa(port) }
 
@@ -282,42 +286,45 @@ func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegratio
 	return args, env, warnings
 }
 
-// rank is the data-parallel rank a subscriber follows: index of of.
-type rank struct{ index, of int }
-
-// subscriber is the kvevent-subscriber sidecar of rank r (contract §7.1):
-// replica id and tenant id from the downward API, the engine's publisher
-// and replay on loopback, evicted blocks re-reported at T2 when an offload
-// tier exists. With one rank the replica is the pod ($(POD_NAME)); with
-// R > 1 ranks rank r is the replica $(POD_NAME)-dp<r>, in container
-// kvevent-subscriber-dp<r>, with its own ports, state file and metrics
-// listener.
-func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjectorOptions, r rank) corev1.Container {
+// subscriber is the kvevent-subscriber sidecar (contract §7.1): replica id
+// and tenant id from the downward API, the engine's KV events as ev says
+// (with the webhook's own config: the publisher bound by the sidecar on
+// loopback, the engine connecting to it, and the replay on loopback),
+// evicted blocks re-reported at T2 when an offload tier exists.
+// One sidecar follows every data-parallel rank of the engine
+// (--data-parallel-size R): rank r on the ports + r, reported as replica
+// $(POD_NAME)-dp<r> (with one rank $(POD_NAME); the endpoint picker's
+// rule), with its own state file (<state-file>.dp<r>) and its rank's series
+// of the engine's /metrics, on one metrics listener whose series carry a
+// dp_rank label. Its resources grow with R.
+func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjectorOptions, ranks int, ev eventsWiring) corev1.Container {
 	metrics := vllmMetricsURL
 	if in.Engine == "sglang" {
 		metrics = sglangMetricURL
 	}
-	name, replica, state := SubscriberContainer, "$(POD_NAME)", subscriberStateDir+"/state"
-	if r.of > 1 {
-		suffix := fmt.Sprintf("-dp%d", r.index)
-		name, replica, state = name+suffix, replica+suffix, state+suffix
+	mode := "connect"
+	if ev.bind {
+		mode = "bind"
 	}
 	args := []string{
-		"--replica-id=" + replica,
+		"--replica-id=$(POD_NAME)",
 		"--tenant-id=$(POD_NAMESPACE)",
 		"--model-id=" + model,
 		"--hash-scheme=" + in.Engine,
-		"--engine-endpoint=" + loopbackTCP(kvEventsPort+r.index),
-		"--engine-replay-endpoint=" + loopbackTCP(kvEventsPort+r.of+r.index),
-		"--topic=" + kvEventsTopic,
-		// Rank-filtered engine stats need a subscriber flag that does not
-		// exist yet: every rank reports the engine's whole /metrics.
-		"--engine-metrics-url=" + metrics,
-		fmt.Sprintf("--ignore-block-removed=%t", in.Mode == v1alpha1.IntegrationOffload),
-		"--state-file=" + state,
+		"--engine-endpoint=" + ev.endpoint,
+		"--engine-endpoint-mode=" + mode,
 	}
-	if r.of > 1 {
-		args = append(args, fmt.Sprintf("--metrics-bind-address=:%d", subscriberMetricsPort+r.index))
+	if ev.replay != "" {
+		args = append(args, "--engine-replay-endpoint="+ev.replay)
+	}
+	args = append(args,
+		"--topic="+ev.topic,
+		"--engine-metrics-url="+metrics,
+		fmt.Sprintf("--ignore-block-removed=%t", in.Mode == v1alpha1.IntegrationOffload),
+		"--state-file="+subscriberStateDir+"/state",
+	)
+	if ranks > 1 {
+		args = append(args, fmt.Sprintf("--data-parallel-size=%d", ranks))
 	}
 	switch {
 	case o.NATSURL != "":
@@ -330,8 +337,10 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 	}
 	no, yes := false, true
 	uid := int64(subscriberUser)
+	// Per rank followed: 50m CPU and 64Mi requested, 256Mi at most.
+	n := int64(ranks)
 	return corev1.Container{
-		Name:  name,
+		Name:  SubscriberContainer,
 		Image: o.SubscriberImage,
 		Args:  args,
 		Env: []corev1.EnvVar{
@@ -339,8 +348,9 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 			{Name: "POD_NAMESPACE", ValueFrom: field("metadata.namespace")},
 		},
 		Resources: corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
-			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+			Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(50*n, resource.DecimalSI),
+				corev1.ResourceMemory: *resource.NewQuantity(n*64<<20, resource.BinarySI)},
+			Limits: corev1.ResourceList{corev1.ResourceMemory: *resource.NewQuantity(n*256<<20, resource.BinarySI)},
 		},
 		VolumeMounts: []corev1.VolumeMount{{Name: subscriberStateVolume, MountPath: subscriberStateDir}},
 		// The restricted profile, and the images' nonroot user set

@@ -98,7 +98,11 @@ func TestPodInjection(t *testing.T) {
 	if sub.Image != testSubscriberImage {
 		t.Errorf("sidecar image %q", sub.Image)
 	}
+	if cfg := icwebhook.KVEventsConfig(); !strings.Contains(cfg, `"endpoint":"tcp://127.0.0.1:5557"`) || !strings.Contains(cfg, `"replay_endpoint":"tcp://127.0.0.1:5558"`) {
+		t.Errorf("kv-events-config %s: want the publisher and the replay on loopback", cfg)
+	}
 	for _, want := range []string{"--model-id=meta/llama", "--hash-scheme=vllm", "--engine-endpoint=tcp://127.0.0.1:5557",
+		"--engine-endpoint-mode=bind", "--engine-replay-endpoint=tcp://127.0.0.1:5558",
 		"--replica-id=$(POD_NAME)", "--tenant-id=$(POD_NAMESPACE)", "--ignore-block-removed=true", "--server-address=127.0.0.1:9090"} {
 		if !slices.Contains(sub.Args, want) {
 			t.Errorf("sidecar args %v lack %s", sub.Args, want)
@@ -296,7 +300,10 @@ func TestPodInjectionManagedEndpointAndEvents(t *testing.T) {
 }
 
 // TestPodInjectionDataParallel: a pod whose engine runs two data-parallel
-// ranks is stored with one subscriber per rank.
+// ranks is stored with one sidecar that follows both (--data-parallel-size=2:
+// rank r bound on 5557+r, replayed from 5559+r, reported as
+// $(POD_NAME)-dp<r>), and the engine's config places the replays after the
+// last rank's publisher.
 func TestPodInjectionDataParallel(t *testing.T) {
 	ctx := needEnv(t)
 	ns := injectionNamespace(t, ctx, "inject-dp")
@@ -309,12 +316,56 @@ func TestPodInjectionDataParallel(t *testing.T) {
 	wantOK(t, "create pod", k8s.Create(ctx, p))
 	var g corev1.Pod
 	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
-	if len(g.Spec.Containers) != 3 {
-		t.Fatalf("containers %v, want the engine and two subscribers", g.Spec.Containers)
+	if len(g.Spec.Containers) != 2 || g.Spec.Containers[1].Name != icwebhook.SubscriberContainer {
+		t.Fatalf("containers %v, want the engine and one sidecar for both ranks", g.Spec.Containers)
 	}
-	for r, c := range g.Spec.Containers[1:] {
-		if want := fmt.Sprintf("--replica-id=$(POD_NAME)-dp%d", r); c.Name != fmt.Sprintf("kvevent-subscriber-dp%d", r) || !slices.Contains(c.Args, want) {
-			t.Errorf("rank %d: container %s args %v", r, c.Name, c.Args)
+	eng, sub := g.Spec.Containers[0], g.Spec.Containers[1]
+	var cfg string
+	for _, a := range eng.Args {
+		if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
+			cfg = v
+		}
+	}
+	if !strings.Contains(cfg, `"endpoint":"tcp://127.0.0.1:5557"`) || !strings.Contains(cfg, `"replay_endpoint":"tcp://127.0.0.1:5559"`) {
+		t.Errorf("engine kv-events-config %q: want publishers from 127.0.0.1:5557, replays from 127.0.0.1:5559", cfg)
+	}
+	for _, want := range []string{"--replica-id=$(POD_NAME)", "--data-parallel-size=2", "--engine-endpoint=tcp://127.0.0.1:5557",
+		"--engine-endpoint-mode=bind", "--engine-replay-endpoint=tcp://127.0.0.1:5559"} {
+		if !slices.Contains(sub.Args, want) {
+			t.Errorf("sidecar args %v lack %s", sub.Args, want)
+		}
+	}
+	if got := sub.Resources.Limits[corev1.ResourceMemory]; got.String() != "512Mi" {
+		t.Errorf("sidecar memory limit %s, want 512Mi (256Mi per rank)", got.String())
+	}
+}
+
+// TestPodInjectionFollowsOwnEventsConfig: a pod whose engine sets its own
+// --kv-events-config (which wins over the webhook's) with a wildcard
+// publisher, as vLLM's docs show, gets a sidecar that connects to it on
+// loopback instead of binding the port the engine binds.
+func TestPodInjectionFollowsOwnEventsConfig(t *testing.T) {
+	ctx := needEnv(t)
+	ns := injectionNamespace(t, ctx, "inject-own")
+	wantOK(t, "backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cb"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "own"}},
+			BackendConfig:  map[string]string{icwebhook.BackendConfigModel: "m"}}}))
+	p := podObj(ns, "own-0", map[string]string{"app": "own"})
+	own := `--kv-events-config={"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv-events"}`
+	p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, own)
+	wantOK(t, "create pod", k8s.Create(ctx, p))
+	var g corev1.Pod
+	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+	if len(g.Spec.Containers) != 2 {
+		t.Fatalf("containers %v", g.Spec.Containers)
+	}
+	if eng := g.Spec.Containers[0].Args; countFlag(eng, "--kv-events-config") != 1 || !slices.Contains(eng, own) {
+		t.Errorf("engine args %v: the pod's own --kv-events-config must stay the only one", eng)
+	}
+	for _, want := range []string{"--engine-endpoint=tcp://127.0.0.1:5557", "--engine-endpoint-mode=connect", "--engine-replay-endpoint=tcp://127.0.0.1:5558"} {
+		if sub := g.Spec.Containers[1].Args; !slices.Contains(sub, want) {
+			t.Errorf("sidecar args %v lack %s", sub, want)
 		}
 	}
 }
