@@ -190,7 +190,13 @@ func TestChartOptions(t *testing.T) {
 				}
 			}
 		}},
-		{"picker needs its pool", nil, map[string]any{"server": map[string]any{"picker": map[string]any{"enabled": true}}}, nil},
+		{"NATS", nil, map[string]any{"nats": map[string]any{"url": "nats://nats.example:4222"}, "server": map[string]any{"replicas": 2}}, func(t *testing.T, objs []object) {
+			for _, d := range []string{"inferencecache-server", "inferencecache-controller"} {
+				if !hasArg(t, objs, d, "--nats-url=nats://nats.example:4222") {
+					t.Errorf("%s has no --nats-url: %q", d, args(t, objs, d))
+				}
+			}
+		}},
 		{"open allow-lists", nil, map[string]any{"controller": map[string]any{"allowedBackendImages": []any{}, "allowedServiceAccounts": []any{}}}, func(t *testing.T, objs []object) {
 			for _, a := range args(t, objs, "inferencecache-controller") {
 				if strings.HasPrefix(a, "--allowed-") {
@@ -263,16 +269,37 @@ func TestChartOptions(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs, err := tryRenderChart(releaseNamespace, tc.files, tc.set)
-			if tc.check == nil {
-				if err == nil {
-					t.Fatalf("rendered with %v, want an error", tc.set)
-				}
-				return
-			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			tc.check(t, objs)
+		})
+	}
+}
+
+// TestChartRefuses: values that would deploy something broken fail the
+// install with a message saying what is missing.
+func TestChartRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name, wantErr string
+		set           map[string]any
+	}{
+		{"picker without its pool", "server.picker.inferencePool.namespace is required",
+			map[string]any{"server": map[string]any{"picker": map[string]any{"enabled": true}}}},
+		{"pool without a selector", "server.picker.inferencePool.selector is required",
+			map[string]any{"server": map[string]any{"picker": map[string]any{"enabled": true, "inferencePool": map[string]any{"namespace": "a", "name": "p", "create": true, "targetPorts": []any{8000}}}}}},
+		{"route without a parent", "server.picker.httpRoute.parentRefs is required",
+			map[string]any{"server": map[string]any{"picker": map[string]any{"enabled": true, "inferencePool": map[string]any{"namespace": "a", "name": "p"}, "httpRoute": map[string]any{"create": true, "name": "r"}}}}},
+		{"pool without ports", "server.picker.inferencePool.targetPorts is required",
+			map[string]any{"server": map[string]any{"picker": map[string]any{"enabled": true, "inferencePool": map[string]any{"namespace": "a", "name": "p", "create": true, "selector": map[string]any{"app": "x"}}}}}},
+		{"servers without NATS", "server.replicas > 1 needs nats.url",
+			map[string]any{"server": map[string]any{"replicas": 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tryRenderChart(releaseNamespace, nil, tc.set)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("render with %v: err %v, want one naming %q", tc.set, err, tc.wantErr)
+			}
 		})
 	}
 }
