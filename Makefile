@@ -47,7 +47,7 @@ test: ## Run every test with -race, and the full tokenizer golden checks without
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \
-	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+	for m in $(NESTED_MODULES); do (cd $$m && KUBEBUILDER_ASSETS=$$assets $(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
 
 .PHONY: chaos
 chaos: ## Chaos run (docs/scaleout.md): NATS, 3 servers, 4 fake engines with subscribers as real processes, one SIGKILLed every 5-10 s for CHAOS_DURATION (default 3m; CHAOS_SEED reruns a schedule), then every index checked against the engines' truth. `make test` runs it for 60 s.
