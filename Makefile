@@ -10,11 +10,14 @@ TEST_TIMEOUT ?= 45m
 CHAOS_DURATION ?= 3m
 BIN := $(CURDIR)/bin
 # Modules of their own, so their dependencies (go-containerregistry, the
-# Prometheus rule parser, the Grafana SDK) stay out of the main module's;
-# `make test` and `make lint` cover them too. -mod=mod: rulestest and
-# dashgen build the main module through a replace, so a dependency the
-# main module gains reaches their go.sum without a manual tidy.
-NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/config/grafana/dashgen
+# Prometheus rule parser, the Grafana SDK, the Helm SDK) stay out of the main
+# module's; `make test` and `make lint` cover them too. -mod=mod: rulestest,
+# dashgen and chartcheck build the main module through a replace, so a
+# dependency the main module gains reaches their go.sum without a manual tidy.
+NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/config/grafana/dashgen hack/chartcheck
+# The Helm chart; hack/chartcheck checks it against operator/config and
+# runs the Helm CLI of its go.mod (`go tool helm`).
+CHART := charts/inferencecache
 
 .DEFAULT_GOAL := help
 
@@ -59,11 +62,18 @@ bench: ## Engine micro-benchmarks (lookup, ingest, memory per entry) with the re
 	$(GO) test -run '^$$' -bench 'LookupRouteChain64|IngestBlocks|MemoryPerEntry' -benchtime 2s -count 1 ./engine/
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck.
+lint: ## gofmt, go vet, staticcheck, and helm lint of the chart with its defaults and each example.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) vet -mod=mod ./... && $(GO) tool -modfile=$(CURDIR)/go.mod staticcheck ./...) || exit 1; done
+	cd hack/chartcheck && for f in "" $(wildcard $(CHART)/examples/*.yaml); do \
+		$(GO) tool helm lint --strict --kube-version v1.29.0 -n inferencecache-system $(CURDIR)/$(CHART) $${f:+-f $(CURDIR)/$$f} || exit 1; \
+	done
+
+.PHONY: chart-sync
+chart-sync: ## Refresh the chart's copies of operator/config manifests (CRDs, role, webhooks, rules, dashboards) and its README values table.
+	cd hack/chartcheck && $(GO) test -count=1 -run 'TestChartCopiesInSync|TestValuesTable' ./... -rewrite
 
 .PHONY: proto
 proto: ## Regenerate the gRPC Go code from rpc/proto.
