@@ -118,7 +118,7 @@ func (p *Picker) decide(s *stream, body []byte, noBody string) *immediateRespons
 			var toks []uint32
 			toks, reason = p.tokens(s.ctx, m.ModelID, r)
 			if reason == "" {
-				resp = p.lookupTokens(s.ctx, d, pool, m, toks)
+				resp = p.lookupTokens(s.ctx, d, pool, m, toks, !s.hasSubset)
 			}
 		}
 	}
@@ -243,8 +243,12 @@ func (p *Picker) tokens(ctx context.Context, modelID string, r *request.Request)
 }
 
 // lookupTokens asks the index in process, as a gateway's LookupRoute with
-// token_ids would.
-func (p *Picker) lookupTokens(ctx context.Context, d *decision, pool *endpoints.Pool, m endpoints.Model, toks []uint32) *pb.LookupRouteResponse {
+// token_ids would. follows says the picker will send the request to the
+// answer's first replica (it does unless the gateway's subset hint may
+// exclude it), which lets the server expect the prompt there until the
+// replica's KV events store it (follows_answer; docs/routing.md,
+// "Routing-time entries").
+func (p *Picker) lookupTokens(ctx context.Context, d *decision, pool *endpoints.Pool, m endpoints.Model, toks []uint32, follows bool) *pb.LookupRouteResponse {
 	if len(toks) > rpc.MaxLookupTokens {
 		// The index reads the first MaxLookupTokens tokens' worth of
 		// prefix no differently; a longer prompt is fingerprinted on its
@@ -254,6 +258,7 @@ func (p *Picker) lookupTokens(ctx context.Context, d *decision, pool *endpoints.
 	q := &d.lreq
 	q.Reset()
 	q.TenantId, q.ModelId, q.AdapterId, q.HashScheme, q.TokenIds = pool.Tenant, m.ModelID, m.AdapterID, pool.HashScheme, toks
+	q.FollowsAnswer = follows
 	resp, err := p.lookup.LookupRoute(ctx, q)
 	q.TokenIds = nil
 	if err != nil {

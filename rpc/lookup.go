@@ -9,6 +9,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	"github.com/inferencecache/inferencecache/policy"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
@@ -153,6 +154,10 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 	// refuse them): NO_HINT before any work, after the checks the contract
 	// ranks above it.
 	if !lookupIDsFit(req) {
+		if held, ok := s.oversizedLookupLog.Allow(); ok {
+			s.log.Warn("lookups with an id over the limit answered NO_HINT (logged at most once a minute)",
+				"limit", MaxIDBytes, "tenant", clip(req.GetTenantId()), "model", clip(model), ratelog.SuppressedKey, held)
+		}
 		s.emptyResponse(resp, model, ReasonNoHint, start, nil)
 		return
 	}
@@ -277,13 +282,18 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 		case engine.LoadExplore:
 			strategy = engine.StrategyNone
 			pin, pick = s.affinity(req, pt, sc, engine.AffinityExplore)
+		case engine.LoadExpected:
+			// The replica the chain was routed to holds more of it than
+			// the contract's pick will by the time this request runs.
+			strategy = engine.StrategyNone
+			pin, pick = s.affinity(req, pt, sc, engine.AffinityExpected)
 		}
 	}
 
 	// 11d. The consistent-hash fallback on the None branch.
 	if strategy == engine.StrategyNone {
 		if pick.Has {
-			s.noteRouted(res, pick, tokens, start)
+			s.noteRouted(req, sc, pick, tokens, start)
 			s.affinityResponse(resp, sb, req, model, pin, start, in.echo)
 			return
 		}
@@ -297,7 +307,7 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 	case engine.StrategyPrefixMatch:
 		s.index.Credit(res)
 		scores = res.Scores
-		s.noteRouted(res, pick, tokens, start)
+		s.noteRouted(req, sc, pick, tokens, start)
 	case engine.StrategyTenantHot:
 		scores = res.Scores
 	}
@@ -482,15 +492,13 @@ func (s *Service) tokenizeInput(ctx context.Context, model, text string, pt *pol
 // minute.
 func (s *Service) promptFailedOpen(noTokenizer bool) {
 	n := s.promptFailOpen.Add(1)
-	now := s.now().UnixNano()
-	last := s.lastPromptLog.Load()
-	if now-last < int64(time.Minute) || !s.lastPromptLog.CompareAndSwap(last, now) {
-		return
-	}
-	if noTokenizer {
-		s.log.Warn("prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n)
-	} else {
-		s.log.Warn("prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n)
+	held, ok := s.promptLog.Allow()
+	switch {
+	case !ok:
+	case noTokenizer:
+		s.log.Warn("prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n, ratelog.SuppressedKey, held)
+	default:
+		s.log.Warn("prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n, ratelog.SuppressedKey, held)
 	}
 }
 
@@ -526,9 +534,17 @@ func belowFloor(pt *policy.Tenant, scores []engine.Score) bool {
 // noteRouted tells the index where the delivered answer sends the request
 // and how much of its prompt is still to prefill there, so load-aware
 // routing counts it until the replica's next load report.
-func (s *Service) noteRouted(res *engine.LookupResult, pick engine.ContractPick, tokens int64, start time.Time) {
+//
+// A caller that follows the answer (follows_answer: it sends the request to
+// the first replica) also makes the chain expected there (routing-time
+// entries, docs/routing.md).
+func (s *Service) noteRouted(req *pb.LookupRouteRequest, sc *lookupScratch, pick engine.ContractPick, tokens int64, start time.Time) {
+	res := &sc.res
 	matched, _ := engine.MatchedAt(res, pick)
 	s.index.NoteRouted(res, pick, tokens-int64(matched), start.UnixMicro())
+	if req.GetFollowsAnswer() {
+		s.index.NoteFollowed(&sc.req, res, pick, start.UnixMicro())
+	}
 }
 
 // appendAffinitySeed appends the seed of contract §3.8: for a non-empty
