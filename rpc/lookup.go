@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -401,18 +402,21 @@ func (s *Service) resolveInput(ctx context.Context, req *pb.LookupRouteRequest, 
 func (s *Service) fingerprintInput(toks []uint32, chainOn bool, sc *lookupScratch) {
 	in := &sc.in
 	in.computed = true
-	sc.sums = fingerprint.AppendChain(sc.sums[:0], toks, s.blockSize, 0, false)
+	// Sized once: a long prompt (a 100k-token agentic request is 6,250
+	// blocks of 16) would otherwise regrow each buffer a dozen times.
+	blocks := len(toks) / max(s.blockSize, 1)
+	sc.sums = fingerprint.AppendChain(slices.Grow(sc.sums[:0], blocks), toks, s.blockSize, 0, false)
 	n := len(sc.sums)
 	if n == 0 {
 		in.failOpen = true
 		return
 	}
-	wire := sc.wire[:0]
+	wire := slices.Grow(sc.wire[:0], n*fingerprint.WireSize)
 	for _, h := range sc.sums {
 		wire = fingerprint.AppendWire(wire, h)
 	}
 	sc.wire = wire
-	hashes, counts := sc.hashes[:0], sc.counts[:0]
+	hashes, counts := slices.Grow(sc.hashes[:0], n), slices.Grow(sc.counts[:0], n)
 	for i := 0; i < n; i++ {
 		hashes = append(hashes, wire[i*fingerprint.WireSize:(i+1)*fingerprint.WireSize:(i+1)*fingerprint.WireSize])
 		counts = append(counts, int32(s.blockSize))
