@@ -462,7 +462,8 @@ func checkInjection(b *v1alpha1.CacheBackend, obj string, matched map[podRef]str
 // checkParticipation looks for the backend's matched pods in the index: in
 // the live snapshot (a replica is the pod named by its replicaId in the
 // namespace named by its tenant: the pod's own, also for a pod claimed
-// across namespaces) or, without one, in status.indexParticipation.
+// across namespaces; a data-parallel engine's ranks, <pod>-dp<r>, are their
+// pod's) or, without one, in status.indexParticipation.
 //
 // Every matched pod must be there: one that is not has no KV events reaching
 // the server, whatever its siblings do.
@@ -472,6 +473,12 @@ func (c *clusterState) checkParticipation(b *v1alpha1.CacheBackend, obj string, 
 		var prefixes int64
 		for _, r := range snap.Replicas {
 			ref := podRef{r.Tenant, r.ReplicaID}
+			if _, ok := matched[ref]; !ok {
+				// A rank of a data-parallel engine reports <pod>-dp<r>.
+				if name, isRank := claim.PodOfRank(r.ReplicaID); isRank {
+					ref = podRef{r.Tenant, name}
+				}
+			}
 			if _, ok := matched[ref]; ok {
 				indexed[ref] = true
 				prefixes += r.PrefixCount

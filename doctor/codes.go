@@ -119,7 +119,7 @@ var allCodes = []Code{
 		"Set spec.engineSelector.matchLabels to the engine pods' labels."},
 	{CodeParticipation, "index-participation",
 		"Engine pods the backend claims are missing from the server's index (/snapshot replicas; with --config-only, status.indexParticipation holds no prefix): the KV events of those pods do not reach the server. The message lists the missing pods.",
-		"Check the engines publish KV events and the kvevent-subscriber forwards them to the server (its logs and metrics); the replica id must be the pod name and the tenant its namespace."},
+		"Check the engines publish KV events and the kvevent-subscriber forwards them to the server (its logs and metrics); the replica id must be the pod name (a data-parallel rank: <pod>-dp<r>) and the tenant its namespace."},
 	{CodeInjection, "engine-injection",
 		"Engine pods the backend claims were admitted without its injection (no inferencecache.io/injected-by annotation, or one naming another backend): the pod webhook was unreachable and failed open, refused to inject (unknown engine, no engine container), or the pods predate the backend. They run without the kvevent-subscriber wiring.",
 		"Check the webhook (IC282, IC283) and the pods' admission warnings, then restart the pods' workload (kubectl rollout restart) so they are admitted again."},

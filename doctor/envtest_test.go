@@ -588,6 +588,24 @@ func TestInstallation(t *testing.T) {
 		wantExit(t, r, doctor.ExitWarn)
 	})
 
+	// dataparallel: a data-parallel engine pod reports one replica per
+	// rank (<pod>-dp<r>); the pod is in the index through its ranks.
+	acceptedPolicy(in, t, "dataparallel")
+	readyBackend(in, t, "dataparallel", "cb", engine)
+	pod(in, t, "dataparallel", "engine-0", engine, "dataparallel/cb")
+	pod(in, t, "dataparallel", "engine-1", engine, "dataparallel/cb")
+	in.index(t, "dataparallel", "engine-0-dp0", 2)
+	in.index(t, "dataparallel", "engine-0-dp1", 2)
+	in.index(t, "dataparallel", "engine-1-dp1", 2)
+	in.project(t, 0)
+	t.Run("data-parallel ranks count for their pod", func(t *testing.T) {
+		r := doctor.Run(ctxT(t), in.options(t, "dataparallel"))
+		f := findingAt(r, doctor.CodeParticipation, "cachebackend dataparallel/cb")
+		if f == nil || f.Severity != doctor.OK || !strings.Contains(f.Message, "2 of 2") {
+			t.Errorf("IC230 %+v, want OK with 2 of 2 pods", f)
+		}
+	})
+
 	// uninjected: both pods report to the index, but one was admitted
 	// without injection and one carries another backend's.
 	acceptedPolicy(in, t, "uninjected")

@@ -144,3 +144,20 @@ func Claims(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pod Pod)
 	o := Owner(backends, pod)
 	return o != nil && o.Namespace == b.Namespace && o.Name == b.Name
 }
+
+// PodOfRank returns the pod name of a data-parallel rank's replica id,
+// <pod>-dp<r> with r a decimal number (the id rule of the kvevent
+// subscriber's --data-parallel-size and of the endpoint picker); ok is false
+// for any other id.
+func PodOfRank(replicaID string) (pod string, ok bool) {
+	i := strings.LastIndex(replicaID, "-dp")
+	if i <= 0 || i+3 == len(replicaID) {
+		return "", false
+	}
+	for _, c := range replicaID[i+3:] {
+		if c < '0' || c > '9' {
+			return "", false
+		}
+	}
+	return replicaID[:i], true
+}

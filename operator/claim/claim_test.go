@@ -150,3 +150,22 @@ func TestOptedOut(t *testing.T) {
 	f(map[string]string{"app": "vllm", InjectKey: "false"}, nil, false)
 	f(map[string]string{"app": "vllm"}, map[string]string{InjectKey: "false"}, false)
 }
+
+func TestPodOfRank(t *testing.T) {
+	for _, tc := range []struct {
+		id, pod string
+		ok      bool
+	}{
+		{"engine-0-dp0", "engine-0", true},
+		{"engine-0-dp12", "engine-0", true},
+		{"engine-0", "", false},
+		{"engine-dp", "", false},
+		{"-dp1", "", false},
+		{"engine-dpx", "", false},
+		{"engine-dp1a", "", false},
+	} {
+		if pod, ok := PodOfRank(tc.id); pod != tc.pod || ok != tc.ok {
+			t.Errorf("PodOfRank(%q) = %q, %v; want %q, %v", tc.id, pod, ok, tc.pod, tc.ok)
+		}
+	}
+}

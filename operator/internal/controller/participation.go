@@ -49,7 +49,7 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 	for i := range snap.Replicas {
 		r := &snap.Replicas[i]
 		pod, ok := pods[types.NamespacedName{Namespace: r.Tenant, Name: r.ReplicaID}]
-		if name, isRank := rankOf(r.ReplicaID); !ok && isRank {
+		if name, isRank := claim.PodOfRank(r.ReplicaID); !ok && isRank {
 			// A rank of a data-parallel engine reports <pod>-dp<r>.
 			pod, ok = pods[types.NamespacedName{Namespace: r.Tenant, Name: name}]
 		}
@@ -72,21 +72,6 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 		}
 	}
 	return out
-}
-
-// rankOf returns the pod name of a data-parallel rank's replica id,
-// <pod>-dp<r> with r a decimal number; ok is false for any other id.
-func rankOf(replicaID string) (pod string, ok bool) {
-	i := strings.LastIndex(replicaID, "-dp")
-	if i <= 0 || i+3 == len(replicaID) {
-		return "", false
-	}
-	for _, c := range replicaID[i+3:] {
-		if c < '0' || c > '9' {
-			return "", false
-		}
-	}
-	return replicaID[:i], true
 }
 
 // Participation aggregates a backend's replicas: the prefix count, the newest
