@@ -205,7 +205,7 @@ func TestOlderReader(t *testing.T) {
 			t.Errorf("the v7 reader's error %q does not name the unknown list", err)
 		}
 		_, err = v7Decode(strings.NewReader(`{"version": 8, "policies": []}`))
-		if !errors.Is(err, v7ErrUnsupportedVersion) || !strings.Contains(err.Error(), "unsupported policy snapshot version 8") {
+		if !errors.Is(err, errV7UnsupportedVersion) || !strings.Contains(err.Error(), "unsupported policy snapshot version 8") {
 			t.Errorf("the v7 reader on a bare v8 body: %v, want unsupported version", err)
 		}
 		// A v8 body stamped 7 fails the same loud way, never drops the

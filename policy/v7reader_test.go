@@ -29,10 +29,6 @@ const (
 // v7MaxBodyBytes caps a /policy body.
 const v7MaxBodyBytes = 1 << 20
 
-// v7ReservedTenantID is the tenant the server's functional self-test writes
-// under. It never receives a quota and real traffic cannot reach it.
-const v7ReservedTenantID = "inferencecache.io/probe"
-
 // Defaults for tenants without a CachePolicy (and, for the pointer fields,
 // for a CachePolicy whose field is absent). Both sides of the wire use them.
 const (
@@ -85,10 +81,10 @@ type v7ResolvedTenant struct {
 
 // v7Decode errors. Each wraps enough context to name the problem in an HTTP 400.
 var (
-	v7ErrTooLarge           = errors.New("policy: body exceeds 1 MiB")
-	v7ErrUnsupportedVersion = errors.New("policy: unsupported policy snapshot version")
-	v7ErrTrailingData       = errors.New("policy: trailing data after the JSON object")
-	v7ErrEmptyBody          = errors.New("policy: empty body")
+	errV7TooLarge           = errors.New("policy: body exceeds 1 MiB")
+	errV7UnsupportedVersion = errors.New("policy: unsupported policy snapshot version")
+	errV7TrailingData       = errors.New("policy: trailing data after the JSON object")
+	errV7EmptyBody          = errors.New("policy: empty body")
 )
 
 // v7Decode reads one /policy body from r, rejecting unknown fields, trailing
@@ -101,7 +97,7 @@ func v7Decode(r io.Reader) (*v7Body, error) {
 		return nil, fmt.Errorf("policy: cannot read body: %w", err)
 	}
 	if len(raw) > v7MaxBodyBytes {
-		return nil, v7ErrTooLarge
+		return nil, errV7TooLarge
 	}
 	return v7DecodeBytes(raw)
 }
@@ -114,7 +110,7 @@ const v7JsonSpace = " \t\r\n"
 // v7DecodeBytes is v7Decode without the size limit (the caller enforces it).
 func v7DecodeBytes(raw []byte) (*v7Body, error) {
 	if len(bytes.Trim(raw, v7JsonSpace)) == 0 {
-		return nil, v7ErrEmptyBody
+		return nil, errV7EmptyBody
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
@@ -123,10 +119,10 @@ func v7DecodeBytes(raw []byte) (*v7Body, error) {
 		return nil, fmt.Errorf("policy: invalid JSON: %w", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, v7ErrTrailingData
+		return nil, errV7TrailingData
 	}
 	if b.Version < v7MinimumAcceptedVersion || b.Version > v7PropagationVersion {
-		return nil, fmt.Errorf("%w %d (accepted %d to %d)", v7ErrUnsupportedVersion, b.Version, v7MinimumAcceptedVersion, v7PropagationVersion)
+		return nil, fmt.Errorf("%w %d (accepted %d to %d)", errV7UnsupportedVersion, b.Version, v7MinimumAcceptedVersion, v7PropagationVersion)
 	}
 	v7Normalize(&b)
 	return &b, nil
