@@ -1,7 +1,8 @@
 // Package controlserver serves the server's internal control endpoints, the
 // ones the controller calls on the :8081 listener:
 //
-//	POST|PUT /policy    replace-on-write policy push (policy.Decode, Store.Apply) -> 204
+//	POST|PUT /policy    replace-on-write policy push (policy.Decode, Store.Apply) -> 204;
+//	                    schema v8: CachePolicies, CacheTenant quotas, PDTopologies, PromptTemplates
 //	GET      /snapshot  the index aggregate as JSON, zstd/gzip/identity         -> 200
 //	POST     /probe     functional self-test through a Prober                  -> 200
 //
@@ -136,7 +137,8 @@ func (h *handler) servePolicy(w http.ResponseWriter, r *http.Request) {
 	}
 	snap := h.policies.Apply(body)
 	h.log.Info("policy snapshot applied", "version", body.Version, "policies", len(body.Policies),
-		"tenants", len(body.Tenants), "generation", snap.Generation())
+		"tenants", len(body.Tenants), "pdTopologies", snap.Topologies(), "promptTemplates", snap.Templates(),
+		"generation", snap.Generation())
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -299,6 +299,51 @@ func (e *Engine) PickPD(req *PDRequest, now int64, res *PDResult) {
 	res.Uncached = int64(max(t-pc.cached, 0))
 }
 
+// NotePDRouted records a delivered pick for load-aware routing, as
+// NoteRouted does for LookupRoute: one request on each replica named, and
+// the uncached tokens on the one that prefills (the prefill replica, or the
+// decode replica when the hop is skipped). Only replicas with a fresh load
+// report keep counts, and only while load-aware routing is enabled.
+// Lock-free; res must be the result of the PickPD call being delivered.
+func (e *Engine) NotePDRouted(res *PDResult, now int64) {
+	if !e.load.Enabled {
+		return
+	}
+	var prefill, decode *replica
+	for i := range res.cands {
+		c := &res.cands[i]
+		if c.r.name == res.Prefill && res.Prefill != "" {
+			prefill = c.r
+		}
+		if c.r.name == res.Decode && res.Decode != "" {
+			decode = c.r
+		}
+	}
+	switch {
+	case prefill != nil:
+		e.noteRoutedReplica(prefill, res.Uncached, now)
+		if decode != nil && decode != prefill {
+			e.noteRoutedReplica(decode, 0, now)
+		}
+	case decode != nil:
+		e.noteRoutedReplica(decode, res.Uncached, now)
+	}
+}
+
+// noteRoutedReplica counts one routed request of uncached tokens on r, as
+// NoteRouted does for its pick.
+func (e *Engine) noteRoutedReplica(r *replica, uncached, now int64) {
+	if rec := r.load.report.Load(); rec == nil || now-rec.at >= e.load.MaxAge.Microseconds() {
+		return
+	}
+	u := min(max(uncached, 0), maxRoutedTokens)
+	r.load.routedReqs.Add(1)
+	r.load.routedTokens.Add(u)
+	if u > 0 {
+		r.load.price.observe(float64(u))
+	}
+}
+
 // pickDecode returns the decode candidate (see the top of pd.go), nil when
 // there is none.
 func (e *Engine) pickDecode(res *PDResult, top *policy.Topology, pc *pdCand, meanN, bnd float64) *pdCand {

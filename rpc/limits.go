@@ -43,6 +43,9 @@ func updateOversizedID(m *pb.CacheStateUpdate) oversizedID {
 		checkID("replica_id", m.GetReplicaId()),
 		checkID("hash_scheme", m.GetHashScheme()),
 		checkID("adapter_id", m.GetAdapterId()),
+		checkID("pd_pool", m.GetPdPool()),
+		checkID("node_name", m.GetNodeName()),
+		checkID("zone", m.GetZone()),
 	} {
 		if o.found() {
 			return o

@@ -166,6 +166,12 @@ type Config struct {
 	// Picker is the endpoint picker for gateways (picker.go,
 	// docs/gateway.md).
 	Picker PickerConfig
+
+	// MaxObserverStreams bounds the StreamCacheEvents streams, and the
+	// StreamMetrics streams, open at once (0: rpc.DefaultMaxStreams);
+	// EventStreamBuffer is each StreamCacheEvents subscriber's buffer in
+	// events (0: rpc.DefaultEventBuffer).
+	MaxObserverStreams, EventStreamBuffer int
 }
 
 // DefaultConfig returns the production defaults (auth enabled, so
@@ -284,6 +290,7 @@ func New(cfg Config) (*Server, error) {
 	s.metrics.RegisterLoads(s.engine.Loads)
 	s.metrics.DeclareDropReasons(rpc.DropReasons...)
 	var tok rpc.Tokenizer
+	var ttok rpc.TemplateTokenizer
 	var dir *modeldir.Dir
 	if cfg.TokenizerDir != "" {
 		dir, err = modeldir.New(modeldir.Config{
@@ -296,11 +303,18 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("%w: --tokenizer-dir: %w", ErrInvalidConfig, err)
 		}
 		tok = dir
+		ttok = promptTokenizer{dir}
 	}
 	var idx rpc.Index = s.engine
 	if cfg.WrapIndex != nil {
 		idx = cfg.WrapIndex(idx)
 	}
+	features := s.metrics.RegisterFeatures(rpc.PDReasons, rpc.RenderReasons, streamNames, rpc.StreamOutcomes, func(stream string) int64 {
+		if stream == rpc.StreamMetricsName {
+			return s.service.MetricStreamsOpen()
+		}
+		return s.service.EventStreamsOpen()
+	})
 	s.service, err = rpc.NewService(rpc.Config{
 		Index:     idx,
 		Policies:  s.policies,
@@ -313,6 +327,12 @@ func New(cfg Config) (*Server, error) {
 		InstanceID:   id,
 		MaxClockSkew: cfg.MaxClockSkew,
 		Producer:     s.metrics,
+
+		TemplateTokenizer: ttok,
+		MaxStreams:        cfg.MaxObserverStreams,
+		EventBuffer:       cfg.EventStreamBuffer,
+		Metrics:           gatherSamples{s.metrics.Registry()},
+		Features:          features,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the gRPC service: %w", err)
