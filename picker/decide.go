@@ -37,13 +37,13 @@ type decision struct {
 	// prefill is the prefill endpoint of a disaggregated pick ("" for
 	// none); pd says the pick was made in P/D mode (the prefill header is
 	// then set or removed).
-	prefill  string
-	pd       bool
-	buf      []byte
-	tenant   string
-	model    string
-	outcome  string
-	reason   string
+	prefill string
+	pd      bool
+	buf     []byte
+	tenant  string
+	model   string
+	outcome string
+	reason  string
 
 	lreq  pb.LookupRouteRequest
 	pdreq pb.LookupPDRouteRequest
