@@ -194,7 +194,8 @@ func (h *handler) serveProbe(w http.ResponseWriter, r *http.Request) {
 }
 
 // probeFields are the exact (case-sensitive) JSON keys of a ProbeRequest.
-var probeFields = map[string]bool{"backend": true, "model": true, "hashScheme": true, "backendType": true}
+var probeFields = map[string]bool{"backend": true, "model": true, "hashScheme": true, "backendType": true,
+	"t2Endpoint": true, "t2Provider": true}
 
 // decodeProbe reads and validates a /probe body: one JSON object, no unknown
 // (or differently cased) fields, nothing after it, backend, model and

@@ -147,7 +147,8 @@ type Config struct {
 	// WrapIndex, when set, wraps the index the gRPC service reads (tests
 	// inject slow or failing lookups with it).
 	WrapIndex func(rpc.Index) rpc.Index
-	// T2 is the probe's tier-2 prober; production wires none.
+	// T2 is the probe's tier-2 prober; nil means probe.RemoteT2 (a put/get
+	// round trip against the remote tier a /probe request names).
 	T2 probe.T2Prober
 
 	// wrapHTTP, set only by tests (export_test.go), wraps each HTTP
@@ -341,7 +342,11 @@ func New(cfg Config) (*Server, error) {
 	if s.picker, err = s.newPicker(dir); err != nil {
 		return nil, err
 	}
-	s.prober = probe.New(probe.Config{Index: s.engine, T2: cfg.T2, Logger: log})
+	t2 := cfg.T2
+	if t2 == nil {
+		t2 = probe.RemoteT2{}
+	}
+	s.prober = probe.New(probe.Config{Index: s.engine, T2: t2, Logger: log})
 
 	control, err := s.controlHandler()
 	if err != nil {
