@@ -86,9 +86,11 @@ profile: ## Profile the server under a fixed loadgen scenario into profiles/ (CP
 	done
 
 .PHONY: bench-report
-bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity) and the chat, rag and shared-prompt workloads.
+bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity), the chat, rag and shared-prompt workloads, and the P/D mode.
 	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation -sensitivity
 	for w in chat rag shared-prompt; do $(GO) run ./cmd/bench -workload $$w -out bench/results -name $$w > /dev/null; done
+	$(GO) run ./cmd/bench pd -trace ../shared/traces/mooncake_conversation_trace.jsonl -workloads "" -prefill 8 -decode 4 -out bench/results -name pd-mooncake > /dev/null
+	$(GO) run ./cmd/bench pd -out bench/results -name pd-synthetic > /dev/null
 
 .PHONY: clean
 clean: ## Remove build output.

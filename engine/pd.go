@@ -14,9 +14,10 @@ import (
 // it:
 //
 //   - prefill: the cheapest prefill-pool replica by the load-aware cost,
-//     queue + PrefillWeight × (prompt tokens − cached tokens there), where
-//     cached = matched × freshness from the index; overloaded replicas are
-//     skipped unless all are (the bound of docs/routing.md over the pool).
+//     queue + PDPrefillWeight × (prompt tokens − cached tokens there),
+//     where cached = matched × freshness from the index; overloaded
+//     replicas are skipped unless all are (the bound of docs/routing.md
+//     over the pool).
 //   - decode: the least-loaded decode-pool replica by requests in flight
 //     (decode is batch-bound), among those not overloaded, preferring the
 //     prefill replica's node (KVLocality Node, then its zone) or zone
@@ -24,11 +25,23 @@ import (
 //   - skip: the decode replica computes the prompt itself when what it
 //     would compute (prompt − cached there) is below the topology's
 //     SkipBelow, or when the prefill pool is backlogged: the chosen
-//     prefill replica's queue alone exceeds that work, so waiting for it
-//     cannot beat computing locally.
+//     prefill replica's queue alone exceeds the decode replica's queue
+//     plus that work, so waiting for the prefill pool cannot beat
+//     computing locally.
 //
 // A replica without a fresh load report counts as the pool's mean. PickPD
 // reads without locks and allocates nothing once res is warm.
+
+// PDPrefillWeight is how many queued prefill tokens one uncached prompt
+// token is worth when choosing the prefill replica: the request's own TTFT
+// is queue + uncached (1), and its prefill delays whoever queues behind it
+// there, about one request at the loads a prefill pool is sized for (so
+// 2). LookupRoute's --load-prefill-weight (16) also prices the eviction a
+// recomputed prefix causes on an aggregated replica; a prefill pool's
+// caches are its own. The P/D simulator's sweep: 2 beats 16 on TTFT on
+// the synthetic workloads (chat: mean 141 ms against 175 ms) and is within
+// 1.2 % of it on the Mooncake trace (bench/results/README.md).
+const PDPrefillWeight = 2.0
 
 // Role is a replica's part in disaggregated serving.
 type Role uint8
@@ -177,7 +190,7 @@ func (e *Engine) PickPD(req *PDRequest, now int64, res *PDResult) {
 	if maxAge <= 0 {
 		maxAge = DefaultLoadMaxAge.Microseconds()
 	}
-	var sumQP, sumNP, sumND float64
+	var sumQP, sumNP, sumQD, sumND float64
 	var knownP, knownD int
 	for _, r := range slots {
 		if r == nil {
@@ -216,15 +229,13 @@ func (e *Engine) PickPD(req *PDRequest, now int64, res *PDResult) {
 		if c.decode {
 			if c.known {
 				knownD++
+				sumQD += c.queue
 				sumND += c.inflight
 			}
 		}
 		res.cands = append(res.cands, c)
 	}
-	w := e.load.PrefillWeight
-	if !(w >= 1) {
-		w = DefaultLoadPrefillWeight
-	}
+	w := PDPrefillWeight
 	bound := func(meanN float64) float64 {
 		b := e.load.Bound
 		if !(b >= 1) {
@@ -237,12 +248,12 @@ func (e *Engine) PickPD(req *PDRequest, now int64, res *PDResult) {
 		return max(b*meanN+2*math.Sqrt(meanN), float64(mq))
 	}
 	// Unknown loads count as the side's mean; then the overload flags.
-	meanQP, meanNP, meanND := 0.0, 0.0, 0.0
+	meanQP, meanNP, meanQD, meanND := 0.0, 0.0, 0.0, 0.0
 	if knownP > 0 {
 		meanQP, meanNP = sumQP/float64(knownP), sumNP/float64(knownP)
 	}
 	if knownD > 0 {
-		meanND = sumND / float64(knownD)
+		meanQD, meanND = sumQD/float64(knownD), sumND/float64(knownD)
 	}
 	boundP, boundD := bound(meanNP), bound(meanND)
 	t := float64(max(req.Tokens, 0))
@@ -287,11 +298,14 @@ func (e *Engine) PickPD(req *PDRequest, now int64, res *PDResult) {
 		res.Outcome, res.Uncached = PDNoPrefillPool, int64(local)
 		return
 	}
-	pq := pc.queue
+	pq, dq := pc.queue, dc.queue
 	if !pc.known {
 		pq = meanQP
 	}
-	if pc.r == dc.r || local < float64(top.SkipBelow) || pq > local {
+	if !dc.known {
+		dq = meanQD
+	}
+	if pc.r == dc.r || local < float64(top.SkipBelow) || pq > dq+local {
 		res.Outcome, res.Uncached = PDPrefillSkipped, int64(local)
 		return
 	}

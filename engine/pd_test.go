@@ -145,7 +145,7 @@ func TestPickPDPrefillCost(t *testing.T) {
 	x.place("p2", RolePrefill, "prefill", "", "", 1, 2, 3, 4) // holds 64 tokens
 	x.place("d1", RoleDecode, "decode", "", "")
 	x.load("d1", tT, 0, 0, 0)
-	// Equal queues: the holder saves 64 × 16 prefill-token units.
+	// Equal queues: the holder saves 64 × PDPrefillWeight prefill-token units.
 	x.load("p1", tT, 0, 0, 0)
 	x.load("p2", tT, 0, 0, 0)
 	res := x.pick(top, 1000, 1, 2, 3, 4)
@@ -153,7 +153,7 @@ func TestPickPDPrefillCost(t *testing.T) {
 	if res.PrefillMatched != 64 || res.Uncached != 936 {
 		t.Errorf("prefill matched %d, uncached %d; want 64, 936", res.PrefillMatched, res.Uncached)
 	}
-	// The holder's queue outweighs the 1,024 units its cache saves.
+	// The holder's queue outweighs the 128 units its cache saves.
 	x.load("p2", tT, 1, 0, 2000)
 	expectPD(t, x.pick(top, 1000, 1, 2, 3, 4), PDDisaggregated, "p1", "d1")
 	// Ties go by name.
