@@ -131,7 +131,9 @@ type PDResult struct {
 }
 
 // DisaggregatedShare is Disaggregated over Requests.
-func (r *PDResult) DisaggregatedShare() float64 { return ratio(int64(r.Disaggregated), int64(r.Requests)) }
+func (r *PDResult) DisaggregatedShare() float64 {
+	return ratio(int64(r.Disaggregated), int64(r.Requests))
+}
 
 // Event kinds of the P/D simulation, in processing order at equal times.
 const (

@@ -73,7 +73,7 @@ type pdBaseline struct {
 	scratch []int
 }
 
-func (b *pdBaseline) Name() string       { return b.name }
+func (b *pdBaseline) Name() string      { return b.name }
 func (b *pdBaseline) Observe(ev *Event) { b.idx.Apply(ev) }
 
 func (b *pdBaseline) Route(req *workload.Request, v *PDView) PDRoute {
