@@ -91,6 +91,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, started func(*ser
 	fs.StringVar(&epf.inferencePool, "inference-pool", "", "NAMESPACE/NAME of the InferencePool (inference.networking.k8s.io/v1) whose Ready pods the endpoint picker chooses from")
 	fs.StringVar(&epf.endpointsFile, "endpoints-file", "", "static endpoint file the endpoint picker chooses from (reloaded when it changes)")
 	fs.IntVar(&cfg.Picker.MaxBodyBytes, "ext-proc-max-body-bytes", picker.DefaultMaxBodyBytes, "largest request body the endpoint picker buffers; a larger one is answered 413")
+	fs.IntVar(&cfg.MaxObserverStreams, "max-observer-streams", rpc.DefaultMaxStreams, "StreamCacheEvents streams, and StreamMetrics streams, open at once at most (one more is refused with RESOURCE_EXHAUSTED)")
+	fs.IntVar(&cfg.EventStreamBuffer, "event-stream-buffer", rpc.DefaultEventBuffer, "events buffered per StreamCacheEvents subscriber; one that falls this far behind is ended with RESOURCE_EXHAUSTED")
 	fs.BoolVar(&cfg.Picker.PD, "ext-proc-pd", false, "the pool serves disaggregated prefill/decode (docs/pd.md): the endpoint picker sends the decode endpoint as the destination and the prefill endpoint in x-prefiller-host-port")
 	fs.StringVar(&cfg.Picker.PDTopology, "ext-proc-pd-topology", "", "with --ext-proc-pd, the pool's PDTopology as namespace/name (default: the pool namespace's only PDTopology)")
 	fs.IntVar(&cfg.Picker.MaxFallbacks, "ext-proc-max-fallbacks", picker.DefaultMaxFallbacks, "endpoints listed after the primary in x-gateway-destination-endpoint, for the gateway's retries (negative: none)")
