@@ -218,22 +218,33 @@ func (s *Snapshot) Topology(ref, ns string) *Topology {
 		}
 		return nil
 	}
-	k, ok := ResolveRef(ref, ns)
-	if !ok {
-		return nil
-	}
-	return s.topologies[k]
+	return lookupRef(s.topologies, ref, ns)
 }
 
 // Template returns the PromptTemplate named by ref ("namespace/name", or
 // "name" in namespace ns), nil when there is none. The result must not be
 // modified.
 func (s *Snapshot) Template(ref, ns string) *Template {
-	k, ok := ResolveRef(ref, ns)
-	if !ok {
+	return lookupRef(s.templates, ref, ns)
+}
+
+// lookupRef is m[ResolveRef(ref, ns)] without allocating: a short name's
+// "namespace/name" key is built on the stack (the map index of a []byte
+// conversion does not copy), so a gateway's lookups cost nothing per call.
+func lookupRef[V any](m map[string]*V, ref, ns string) *V {
+	if strings.IndexByte(ref, '/') >= 0 {
+		k, ok := ResolveRef(ref, ns)
+		if !ok {
+			return nil
+		}
+		return m[k]
+	}
+	if ref == "" || ns == "" {
 		return nil
 	}
-	return s.templates[k]
+	var buf [128]byte
+	key := append(append(append(buf[:0], ns...), '/'), ref...)
+	return m[string(key)]
 }
 
 // Topologies and Templates count the resolved version-8 entries.
