@@ -7,13 +7,17 @@ export GOTOOLCHAIN := local
 # module proxy by hack/envtest-assets.sh and cached under ~/.cache.
 ENVTEST_START_TIMEOUT ?= 120s
 TEST_TIMEOUT ?= 45m
+CHAOS_DURATION ?= 3m
 BIN := $(CURDIR)/bin
 # Modules of their own, so their dependencies (go-containerregistry, the
-# Prometheus rule parser) stay out of the main module's; `make test` and
-# `make lint` cover them too. -mod=mod: rulestest builds the main module
-# through a replace, so a dependency the main module gains reaches its
-# go.sum without a manual tidy.
-NESTED_MODULES := hack/images operator/config/prometheus/rulestest
+# Prometheus rule parser, the Grafana SDK, the Helm SDK) stay out of the main
+# module's; `make test` and `make lint` cover them too. -mod=mod: rulestest,
+# dashgen and chartcheck build the main module through a replace, so a
+# dependency the main module gains reaches their go.sum without a manual tidy.
+NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/config/grafana/dashgen hack/chartcheck
+# The Helm chart; hack/chartcheck checks it against operator/config and
+# runs the Helm CLI of its go.mod (`go tool helm`).
+CHART := charts/inferencecache
 
 .DEFAULT_GOAL := help
 
@@ -43,7 +47,11 @@ test: ## Run every test with -race, and the full tokenizer golden checks without
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \
-	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+	for m in $(NESTED_MODULES); do (cd $$m && KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) $(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+
+.PHONY: chaos
+chaos: ## Chaos run (docs/scaleout.md): NATS, 3 servers, 4 fake engines with subscribers as real processes, one SIGKILLed every 5-10 s for CHAOS_DURATION (default 3m; CHAOS_SEED reruns a schedule), then every index checked against the engines' truth. `make test` runs it for 60 s.
+	CHAOS_DURATION=$(CHAOS_DURATION) $(if $(CHAOS_SEED),CHAOS_SEED=$(CHAOS_SEED)) $(GO) test -count=1 -v -timeout 30m -run '^TestChaos$$' ./chaos/
 
 .PHONY: test-short
 test-short: ## Fast tests without -race or envtest (skips what needs them).
@@ -54,15 +62,26 @@ bench: ## Engine micro-benchmarks (lookup, ingest, memory per entry) with the re
 	$(GO) test -run '^$$' -bench 'LookupRouteChain64|IngestBlocks|MemoryPerEntry' -benchtime 2s -count 1 ./engine/
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck.
+lint: ## gofmt, go vet, staticcheck, and helm lint of the chart with its defaults and each example.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) vet -mod=mod ./... && $(GO) tool -modfile=$(CURDIR)/go.mod staticcheck ./...) || exit 1; done
+	cd hack/chartcheck && for f in "" $(wildcard $(CHART)/examples/*.yaml); do \
+		$(GO) tool helm lint --strict --kube-version v1.29.0 -n inferencecache-system $(CURDIR)/$(CHART) $${f:+-f $(CURDIR)/$$f} || exit 1; \
+	done
+
+.PHONY: chart-sync
+chart-sync: ## Refresh the chart's copies of operator/config manifests (CRDs, role, webhooks, rules, dashboards) and its README values table.
+	cd hack/chartcheck && $(GO) test -count=1 -run 'TestChartCopiesInSync|TestValuesTable' ./... -rewrite
 
 .PHONY: proto
 proto: ## Regenerate the gRPC Go code from rpc/proto.
 	bash hack/proto.sh
+
+.PHONY: dashboards
+dashboards: ## Regenerate the Grafana dashboards (operator/config/grafana/*.json) from their Go definitions in operator/config/grafana/dashgen.
+	cd operator/config/grafana/dashgen && $(GO) run -mod=mod . -out ..
 
 .PHONY: manifests
 manifests: ## Regenerate CRDs and deepcopy code with controller-gen.
@@ -86,11 +105,19 @@ profile: ## Profile the server under a fixed loadgen scenario into profiles/ (CP
 	done
 
 .PHONY: bench-report
-bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity), the chat, rag and shared-prompt workloads, and the P/D mode.
-	$(GO) run ./cmd/bench -trace ../shared/traces/mooncake_conversation_trace.jsonl -out bench/results -name conversation -sensitivity
-	for w in chat rag shared-prompt; do $(GO) run ./cmd/bench -workload $$w -out bench/results -name $$w > /dev/null; done
-	$(GO) run ./cmd/bench pd -trace ../shared/traces/mooncake_conversation_trace.jsonl -workloads "" -prefill 8 -decode 4 -out bench/results -name pd-mooncake > /dev/null
-	$(GO) run ./cmd/bench pd -out bench/results -name pd-synthetic > /dev/null
+# The Mooncake conversation trace (shared/, never copied here); from a git
+# worktree: make bench-report TRACE=/work/shared/traces/mooncake_conversation_trace.jsonl
+TRACE ?= ../shared/traces/mooncake_conversation_trace.jsonl
+
+bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity, and arrivals 1.5x and 2x faster), the chat, rag and shared-prompt workloads, at 1,000 and 4,000 blocks per replica; every workload at 1x under the legacy replica model (bench/results/legacy); and the P/D mode (bench pd).
+	$(GO) build -o $(BIN)/bench ./cmd/bench
+	$(BIN)/bench -trace $(TRACE) -out bench/results -name conversation -sensitivity > /dev/null
+	for s in 1.5 2; do $(BIN)/bench -trace $(TRACE) -speedup $$s -out bench/results -name conversation-x$$s > /dev/null; done
+	for w in chat rag shared-prompt; do $(BIN)/bench -workload $$w -out bench/results -name $$w > /dev/null; done
+	$(BIN)/bench -sim-model legacy -trace $(TRACE) -out bench/results/legacy -name conversation > /dev/null
+	for w in chat rag shared-prompt; do $(BIN)/bench -sim-model legacy -workload $$w -out bench/results/legacy -name $$w > /dev/null; done
+	$(BIN)/bench pd -trace $(TRACE) -workloads "" -prefill 8 -decode 4 -out bench/results -name pd-mooncake > /dev/null
+	$(BIN)/bench pd -out bench/results -name pd-synthetic > /dev/null
 
 .PHONY: clean
 clean: ## Remove build output.

@@ -52,6 +52,9 @@ type Config struct {
 	Window time.Duration
 	// Clears lists cache clears to inject (AllCleared events).
 	Clears []Clear
+	// Model is the replica model (SimModel); DefaultConfig sets
+	// EngineSimModel, the zero value is LegacySimModel.
+	Model SimModel
 	// Policies to compare; nil means DefaultPolicies().
 	Policies []Policy
 	// Parallelism bounds the simulations run at once; 0 means GOMAXPROCS.
@@ -61,12 +64,12 @@ type Config struct {
 
 // DefaultConfig returns a configuration for reqs with 8 replicas, cache
 // sizes of 1,000 and 4,000 blocks per replica, 50 ms event lag, 32 slots,
-// the default cost model, 60 s windows and seed 1.
+// the default cost model, 60 s windows, seed 1 and EngineSimModel.
 func DefaultConfig(name string, reqs []workload.Request) Config {
 	return Config{
 		Workload: name, Requests: reqs, Replicas: 8, CacheBlocks: []int{1000, 4000},
 		Lag: 50 * time.Millisecond, Seed: 1, Slots: 32, Cost: DefaultCostModel(),
-		Window: time.Minute,
+		Window: time.Minute, Model: EngineSimModel(),
 	}
 }
 
@@ -80,6 +83,7 @@ type Report struct {
 	Slots       int
 	Cost        CostModel
 	Window      time.Duration
+	Model       SimModel
 	BlockSize   int // of the first request; 0 when there are none
 	MeanArrival float64
 	// Infinite is the pooled bound with unbounded capacity.
@@ -128,7 +132,7 @@ func Run(cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("%w: cache size %d is not positive", ErrConfig, c)
 		}
 	}
-	base := SimConfig{Replicas: cfg.Replicas, Lag: cfg.Lag, Slots: cfg.Slots, Cost: cfg.Cost, Window: cfg.Window, Clears: cfg.Clears}
+	base := SimConfig{Replicas: cfg.Replicas, Lag: cfg.Lag, Slots: cfg.Slots, Cost: cfg.Cost, Window: cfg.Window, Clears: cfg.Clears, Model: cfg.Model}
 	if err := base.validate(); err != nil {
 		return nil, err
 	}
@@ -138,8 +142,8 @@ func Run(cfg Config) (*Report, error) {
 
 	rep := &Report{
 		Workload: cfg.Workload, Requests: len(cfg.Requests), Replicas: cfg.Replicas, Lag: cfg.Lag,
-		Seed: cfg.Seed, Slots: cfg.Slots, Cost: cfg.Cost, Window: cfg.Window,
-		Infinite: PooledHits(cfg.Requests, 0),
+		Seed: cfg.Seed, Slots: cfg.Slots, Cost: cfg.Cost, Window: cfg.Window, Model: cfg.Model,
+		Infinite: PooledHitsModel(cfg.Requests, 0, cfg.Model),
 	}
 	if n := len(cfg.Requests); n > 0 {
 		rep.BlockSize = cfg.Requests[0].BlockSize
@@ -165,7 +169,7 @@ func Run(cfg Config) (*Report, error) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sr.Pooled = PooledHits(cfg.Requests, cfg.Replicas*sr.CacheBlocks)
+			sr.Pooled = PooledHitsModel(cfg.Requests, cfg.Replicas*sr.CacheBlocks, cfg.Model)
 		})
 		for pi, p := range policies {
 			sc := base
@@ -244,4 +248,12 @@ func Synthetic(kind string, seed uint64) (name string, reqs []workload.Request, 
 		return "", nil, fmt.Errorf("%w: unknown synthetic workload %q", ErrConfig, kind)
 	}
 	return name, reqs, err
+}
+
+// SpeedUp divides every arrival time of reqs by f (> 1 compresses the
+// stream: a heavier load of the same requests), in place.
+func SpeedUp(reqs []workload.Request, f float64) {
+	for i := range reqs {
+		reqs[i].Arrival = time.Duration(float64(reqs[i].Arrival) / f)
+	}
 }

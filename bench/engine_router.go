@@ -83,6 +83,11 @@ type EngineOptions struct {
 	// the replica it chose) and end (RequestFinished, when the response
 	// completes), so the server knows its requests in flight exactly.
 	Picker bool
+	// NoFollow leaves follows_answer unset: the gateway asks but does not
+	// promise to send the request to the first replica, so the server keeps
+	// no routing-time entries (docs/routing.md). The default row, like the
+	// endpoint picker, follows its answers and says so.
+	NoFollow bool
 }
 
 // EnginePolicyWith is EnginePolicy under another name with options.
@@ -94,7 +99,7 @@ func EnginePolicyWith(name string, opt EngineOptions) Policy {
 		}
 		load.Enabled = !opt.ContractOnly
 		r := newEngineRouter(n, load)
-		r.name, r.refresh, r.queuedTokens = name, opt.Refresh, opt.QueuedTokens
+		r.name, r.refresh, r.queuedTokens, r.follow = name, opt.Refresh, opt.QueuedTokens, !opt.NoFollow
 		r.statsEvery, r.statsLag = DefaultStatsInterval, DefaultStatsLag
 		if opt.StatsInterval > 0 {
 			r.statsEvery = opt.StatsInterval
@@ -152,6 +157,7 @@ type engineRouter struct {
 	// (pending, in delivery order).
 	statsEvery, statsLag time.Duration
 	queuedTokens         bool
+	follow               bool
 	pending              []statsSample
 	// Scratch reused across calls.
 	req     pb.LookupRouteRequest
@@ -313,7 +319,7 @@ func (r *engineRouter) Route(req *workload.Request, v *View) int {
 		r.hashes = append(r.hashes, buf[8*k:8*k+8])
 	}
 	r.hashBuf = buf
-	r.req = pb.LookupRouteRequest{ModelId: engineModel, TenantId: engineTenant, HashScheme: engineScheme, BlockHashes: r.hashes, BlockTokenCounts: r.counts}
+	r.req = pb.LookupRouteRequest{ModelId: engineModel, TenantId: engineTenant, HashScheme: engineScheme, BlockHashes: r.hashes, BlockTokenCounts: r.counts, FollowsAnswer: r.follow}
 	resp, err := r.svc.LookupRoute(context.Background(), &r.req)
 	if err == nil && len(resp.ReplicaScores) > 0 {
 		if i, ok := r.byID[resp.ReplicaScores[0].ReplicaId]; ok {

@@ -109,6 +109,19 @@ func (c *LRU) Access(chain []uint64, inserted []int, evicted []uint64) ([]int, [
 	return kept, evicted
 }
 
+// RefreshReverse makes the cached blocks of chain the most recent, last
+// block first, so the first block ends most recent: a finished request's
+// blocks released tail first (SimModel.TailFirstFree). Absent blocks are
+// skipped; nothing is inserted or evicted.
+func (c *LRU) RefreshReverse(chain []uint64) {
+	for i := len(chain) - 1; i >= 0; i-- {
+		if n, ok := c.index[chain[i]]; ok {
+			c.unlink(n)
+			c.pushFront(n)
+		}
+	}
+}
+
 // Clear drops every block.
 func (c *LRU) Clear() {
 	clear(c.index)

@@ -52,6 +52,7 @@ func DefaultPoliciesWith(load engine.LoadConfig) []Policy {
 		EnginePolicyWith(EnginePolicyName+"-contract", EngineOptions{Refresh: DefaultRefresh, ContractOnly: true}),
 		EnginePolicyWith(EnginePolicyName+"-queued-tokens", EngineOptions{Refresh: DefaultRefresh, QueuedTokens: true, Load: &load}),
 		EnginePolicyWith(PickerPolicyName, EngineOptions{Refresh: DefaultRefresh, Picker: true, Load: &load}),
+		EnginePolicyWith(EnginePolicyName+"-no-follow", EngineOptions{Refresh: DefaultRefresh, NoFollow: true, Load: &load}),
 		RandomPolicy(),
 		RoundRobinPolicy(),
 		LeastLoadedPolicy(),

@@ -24,6 +24,7 @@ func (r *Report) WriteMarkdown(w io.Writer, svgPath string) error {
 	p("| slots per replica | %d (prefill one at a time) |\n", r.Slots)
 	p("| cost model | %v overhead + %v per uncached prompt token; decode %v per output token |\n",
 		r.Cost.Overhead, r.Cost.PrefillPerToken, r.Cost.DecodePerToken)
+	p("| replica model | %s |\n", modelDesc(r.Model))
 	p("| KV-event lag | %v |\n", r.Lag)
 	p("| imbalance window | %v |\n", r.Window)
 	p("| seed | %d |\n\n", r.Seed)
@@ -54,6 +55,15 @@ func (r *Report) WriteMarkdown(w io.Writer, svgPath string) error {
 	p("prefill tokens each replica started per window (mean over windows, and the worst window);\n")
 	p("TTFT = queue wait + prefill under the cost model above.\n")
 	return bw.Flush()
+}
+
+// modelDesc describes a SimModel for the settings table.
+func modelDesc(m SimModel) string {
+	if m == LegacySimModel() {
+		return "legacy: every block cacheable, LRU refreshed in chain order at prefill start, prefill unaffected by decodes"
+	}
+	return fmt.Sprintf("%s: full blocks only = %v, finished requests freed tail first = %v, prefill × (1 + %g × running decodes)",
+		m, m.FullBlocksOnly, m.TailFirstFree, m.DecodeInterference)
 }
 
 func pct(f float64) string { return fmt.Sprintf("%.2f", 100*f) }

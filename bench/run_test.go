@@ -5,10 +5,12 @@ import (
 	"encoding/xml"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -201,8 +203,9 @@ func TestMooncakePublishedFigures(t *testing.T) {
 }
 
 // TestCommittedResults regenerates bench/results from the shared Mooncake
-// trace and the synthetic workloads with cmd/bench's defaults (what `make
-// bench-report` runs) and requires the committed files to match, so the
+// trace (also at 1.5× and 2× the arrival rate) and the synthetic workloads
+// with cmd/bench's defaults, and every workload at 1× under the legacy
+// replica model (bench/results/legacy): what `make bench-report` runs and requires the committed files to match, so the
 // published tables always come from the code in the tree. It also checks
 // ordering facts the results README relies on. Regenerate with
 //
@@ -235,19 +238,28 @@ func TestCommittedResults(t *testing.T) {
 			}
 		}
 	}
+	legacyDir := filepath.Join(dir, "legacy")
 	for _, kind := range []string{"chat", "rag", "shared-prompt"} {
 		name, reqs, err := Synthetic(kind, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := Run(DefaultConfig(name, reqs))
-		if err != nil {
-			t.Fatal(err)
+		for _, m := range []SimModel{EngineSimModel(), LegacySimModel()} {
+			cfg := DefaultConfig(name, reqs)
+			cfg.Model = m
+			rep, err := Run(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, prefix := dir, ""
+			if m == LegacySimModel() {
+				out, prefix = legacyDir, "legacy/"
+			}
+			if err := rep.WriteFiles(out, kind); err != nil {
+				t.Fatal(err)
+			}
+			check(prefix+kind+".md", prefix+kind+".svg")
 		}
-		if err := rep.WriteFiles(dir, kind); err != nil {
-			t.Fatal(err)
-		}
-		check(kind+".md", kind+".svg")
 	}
 
 	path := sharedTrace(t)
@@ -255,7 +267,30 @@ func TestCommittedResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := DefaultConfig("trace "+filepath.Base(path), reqs)
+	traceName := "trace " + filepath.Base(path)
+	for _, sp := range []struct {
+		name  string
+		f     float64
+		model SimModel
+	}{{"conversation-x1.5", 1.5, EngineSimModel()}, {"conversation-x2", 2, EngineSimModel()}, {"legacy/conversation", 1, LegacySimModel()}} {
+		fast := slices.Clone(reqs)
+		wl := traceName
+		if sp.f != 1 {
+			SpeedUp(fast, sp.f)
+			wl += fmt.Sprintf(" (arrivals %g× faster)", sp.f)
+		}
+		c := DefaultConfig(wl, fast)
+		c.Model = sp.model
+		rep, err := Run(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rep.WriteFiles(filepath.Dir(filepath.Join(dir, sp.name)), filepath.Base(sp.name)); err != nil {
+			t.Fatal(err)
+		}
+		check(sp.name+".md", sp.name+".svg")
+	}
+	cfg := DefaultConfig(traceName, reqs)
 	rep, err := Run(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -33,6 +34,73 @@ func DefaultCostModel() CostModel {
 	return CostModel{Overhead: 10 * time.Millisecond, PrefillPerToken: 125 * time.Microsecond, DecodePerToken: 20 * time.Millisecond}
 }
 
+// SimModel says how closely a simulated replica follows a real engine
+// (vLLM, SGLang) beyond the cost model. The zero value is the legacy model
+// of the first releases (LegacySimModel): LRU refreshed in chain order at
+// prefill start, every block cacheable, prefill unaffected by decodes.
+// EngineSimModel is the default of Run and cmd/bench.
+type SimModel struct {
+	// FullBlocksOnly: the partial last block of a prompt is never cached
+	// (engines hash full blocks only), so it never hits and is never
+	// stored; it still counts in the denominator of the hit ratios.
+	FullBlocksOnly bool
+	// TailFirstFree: when a request finishes, its blocks are released
+	// tail first, so the head of its chain (the part the next turn or
+	// another request shares) is the last of them to be evicted. Modeled
+	// by refreshing the chain last block first at decode end; vLLM's free
+	// block queue and SGLang's radix-tree LRU both evict that way.
+	TailFirstFree bool
+	// DecodeInterference is the slowdown of a prefill per request decoding
+	// on the replica when it starts (chunked prefill: running decodes take
+	// part of every step): prefill time × (1 + DecodeInterference ×
+	// decodes). 0 = none.
+	DecodeInterference float64
+}
+
+// LegacySimModel returns the zero SimModel: the model the results before
+// this release were computed with (cmd/bench -sim-model legacy).
+func LegacySimModel() SimModel { return SimModel{} }
+
+// DefaultDecodeInterference is EngineSimModel's prefill slowdown per
+// running decode: 32 decodes make a prefill 1.64× slower.
+const DefaultDecodeInterference = 0.02
+
+// EngineSimModel returns the default model: full blocks only, tail-first
+// freeing and DefaultDecodeInterference.
+func EngineSimModel() SimModel {
+	return SimModel{FullBlocksOnly: true, TailFirstFree: true, DecodeInterference: DefaultDecodeInterference}
+}
+
+// String names the model in reports.
+func (m SimModel) String() string {
+	switch m {
+	case LegacySimModel():
+		return "legacy"
+	case EngineSimModel():
+		return "engine"
+	}
+	return fmt.Sprintf("custom(full-blocks-only=%v, tail-first-free=%v, decode-interference=%g)", m.FullBlocksOnly, m.TailFirstFree, m.DecodeInterference)
+}
+
+// ParseSimModel parses a model name: "engine" or "legacy".
+func ParseSimModel(s string) (SimModel, error) {
+	switch s {
+	case "engine":
+		return EngineSimModel(), nil
+	case "legacy":
+		return LegacySimModel(), nil
+	}
+	return SimModel{}, fmt.Errorf("%w: unknown simulator model %q (want engine or legacy)", ErrConfig, s)
+}
+
+// cacheable is the part of req's chain a replica can cache under m.
+func (m *SimModel) cacheable(req *workload.Request) []uint64 {
+	if m.FullBlocksOnly && req.BlockTokens(len(req.Blocks)-1) < req.BlockSize {
+		return req.Blocks[:len(req.Blocks)-1]
+	}
+	return req.Blocks
+}
+
 // Clear makes replica Replica drop its whole cache at time At, which emits
 // an AllCleared event.
 type Clear struct {
@@ -56,6 +124,7 @@ type SimConfig struct {
 	Cost        CostModel
 	Window      time.Duration // load-imbalance window, > 0
 	Clears      []Clear
+	Model       SimModel
 }
 
 func (c *SimConfig) validate() error {
@@ -70,6 +139,8 @@ func (c *SimConfig) validate() error {
 		return fmt.Errorf("%w: slots %d < 1", ErrConfig, c.Slots)
 	case c.Cost.Overhead < 0 || c.Cost.PrefillPerToken < 0 || c.Cost.DecodePerToken < 0:
 		return fmt.Errorf("%w: negative cost model term", ErrConfig)
+	case !(c.Model.DecodeInterference >= 0) || math.IsInf(c.Model.DecodeInterference, 0):
+		return fmt.Errorf("%w: decode interference %v is not a finite number >= 0", ErrConfig, c.Model.DecodeInterference)
 	case c.Window <= 0:
 		return fmt.Errorf("%w: window %v is not positive", ErrConfig, c.Window)
 	}
@@ -139,13 +210,22 @@ type Result struct {
 // cluster's total capacity it is the hit-ratio reference ("pooled bound")
 // that no router can reach by placement alone, short of LRU anomalies.
 func PooledHits(reqs []workload.Request, capacity int) Hits {
+	return PooledHitsModel(reqs, capacity, LegacySimModel())
+}
+
+// PooledHitsModel is PooledHits under model m: with FullBlocksOnly the
+// partial last block of each prompt is neither cached nor hit. (The pooled
+// cache has no requests in flight, so TailFirstFree and DecodeInterference
+// do not apply.)
+func PooledHitsModel(reqs []workload.Request, capacity int, m SimModel) Hits {
 	c := NewLRU(capacity)
 	var h Hits
 	var ins []int
 	var ev []uint64
 	for i := range reqs {
-		h.add(&reqs[i], c.LeadingRun(reqs[i].Blocks))
-		ins, ev = c.Access(reqs[i].Blocks, ins[:0], ev[:0])
+		chain := m.cacheable(&reqs[i])
+		h.add(&reqs[i], c.LeadingRun(chain))
+		ins, ev = c.Access(chain, ins[:0], ev[:0])
 	}
 	return h
 }
@@ -340,8 +420,9 @@ func (s *sim) tryStart(r int, now time.Duration) {
 	}
 	j := &s.jobs[ji]
 	req := j.req
-	hit := rep.cache.LeadingRun(req.Blocks)
-	j.inserted, s.evicted = rep.cache.Access(req.Blocks, nil, s.evicted[:0])
+	chain := s.cfg.Model.cacheable(req)
+	hit := rep.cache.LeadingRun(chain)
+	j.inserted, s.evicted = rep.cache.Access(chain, nil, s.evicted[:0])
 	j.epoch = rep.epoch
 	s.res.add(req, hit)
 	hitTokens := req.PrefixTokens(hit)
@@ -362,7 +443,13 @@ func (s *sim) tryStart(r int, now time.Duration) {
 	if len(s.evicted) > 0 {
 		s.emit(Event{Kind: BlockRemoved, Replica: r, EmittedAt: now, Blocks: slices.Clone(s.evicted)})
 	}
-	dur := s.cfg.Cost.Overhead + time.Duration(j.uncached)*s.cfg.Cost.PrefillPerToken
+	compute := time.Duration(j.uncached) * s.cfg.Cost.PrefillPerToken
+	if f := s.cfg.Model.DecodeInterference; f > 0 {
+		// Requests in service besides this one are decoding (prefill runs
+		// one at a time).
+		compute = time.Duration(float64(compute) * (1 + f*float64(rep.inService-1)))
+	}
+	dur := s.cfg.Cost.Overhead + compute
 	s.ttft = append(s.ttft, now+dur-req.Arrival)
 	s.push(simEvent{at: now + dur, kind: evPrefillDone, job: ji})
 }
@@ -413,6 +500,9 @@ func (s *sim) decodeDone(e simEvent) {
 	rep.inService--
 	rep.load.Running--
 	rep.load.ActiveBlocks -= len(j.req.Blocks)
+	if s.cfg.Model.TailFirstFree && j.epoch == rep.epoch {
+		rep.cache.RefreshReverse(s.cfg.Model.cacheable(j.req))
+	}
 	if s.finisher != nil {
 		s.finisher.Finished(j.req, j.replica, e.at)
 	}

@@ -304,3 +304,65 @@ func (c *liveChecker) Finished(q *workload.Request, replica int, now time.Durati
 	c.pickerRouter.Finished(q, replica, now)
 	c.open--
 }
+
+// TestSimModelEngine pins each part of EngineSimModel against the legacy
+// model on hand-computed cases.
+func TestSimModelEngine(t *testing.T) {
+	run := func(m SimModel, cacheBlocks, slots int, reqs []workload.Request) Result {
+		t.Helper()
+		cfg := simConfig(1, cacheBlocks, slots, 0)
+		cfg.Model = m
+		res, err := Simulate(reqs, cfg, &fixedRouter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	t.Run("partial last block", func(t *testing.T) {
+		// 6 tokens in blocks of 4: block 2 is partial.
+		reqs := []workload.Request{req(0, 0, 6, 0, 4, 1, 2), req(1, 10_000, 6, 0, 4, 1, 2)}
+		if got := run(LegacySimModel(), 0, 1, reqs).HitBlocks; got != 2 {
+			t.Fatalf("legacy: %d hit blocks, want 2 (the partial block is cached)", got)
+		}
+		if got := run(SimModel{FullBlocksOnly: true}, 0, 1, reqs).HitBlocks; got != 1 {
+			t.Fatalf("full blocks only: %d hit blocks, want 1", got)
+		}
+		if h := PooledHitsModel(reqs, 0, SimModel{FullBlocksOnly: true}); h.HitBlocks != 1 || h.Blocks != 4 {
+			t.Fatalf("pooled, full blocks only: %+v, want 1 of 4 blocks hit", h)
+		}
+	})
+	t.Run("tail first free", func(t *testing.T) {
+		// A = [1 2] finishes; B and C insert one block each into a
+		// 3-block cache, so C evicts one of A's. Legacy evicts A's head
+		// (inserted first), tail-first freeing evicts A's tail, so D = A's
+		// chain hits its first block.
+		reqs := []workload.Request{
+			req(0, 0, 8, 0, 4, 1, 2), req(1, 10_000, 4, 0, 4, 3),
+			req(2, 20_000, 4, 0, 4, 4), req(3, 30_000, 8, 0, 4, 1, 2),
+		}
+		if got := run(LegacySimModel(), 3, 1, reqs).HitBlocks; got != 0 {
+			t.Fatalf("legacy: %d hit blocks, want 0", got)
+		}
+		if got := run(SimModel{TailFirstFree: true}, 3, 1, reqs).HitBlocks; got != 1 {
+			t.Fatalf("tail first free: %d hit blocks, want 1", got)
+		}
+	})
+	t.Run("decode interference", func(t *testing.T) {
+		// Request 0 decodes for 100 s; request 1 (8 tokens at 100 ms)
+		// prefills while it runs: 0.8 s × (1 + 0.5 × 1 decode) = 1.2 s.
+		reqs := []workload.Request{req(0, 0, 4, 100, 4, 1), req(1, 1000, 8, 0, 4, 2, 3)}
+		res := run(SimModel{DecodeInterference: 0.5}, 0, 2, reqs)
+		if res.TTFTP99 != 1200*time.Millisecond {
+			t.Fatalf("TTFT p99 %v, want 1.2s", res.TTFTP99)
+		}
+		if res := run(LegacySimModel(), 0, 2, reqs); res.TTFTP99 != 800*time.Millisecond {
+			t.Fatalf("legacy TTFT p99 %v, want 800ms", res.TTFTP99)
+		}
+	})
+	if _, err := ParseSimModel("gpu"); !errors.Is(err, ErrConfig) {
+		t.Fatalf("ParseSimModel(gpu) = %v, want ErrConfig", err)
+	}
+	if m, err := ParseSimModel("engine"); err != nil || m != EngineSimModel() {
+		t.Fatalf("ParseSimModel(engine) = %v, %v", m, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/inferencecache/inferencecache/bus"
 	"github.com/inferencecache/inferencecache/bus/bustest"
@@ -270,6 +271,75 @@ func TestStreamRetention(t *testing.T) {
 	}
 	if got := s.CachedInfo().Config.Subjects; len(got) != 1 || got[0] != "R.*.*" {
 		t.Fatalf("subjects %v", got)
+	}
+	if got := s.CachedInfo().Config.MaxBytes; got != bus.DefaultMaxBytes {
+		t.Fatalf("MaxBytes %d, want the default %d", got, bus.DefaultMaxBytes)
+	}
+	if got := s.CachedInfo().Config.Discard; got != jetstream.DiscardOld {
+		t.Fatalf("discard policy %v, want DiscardOld", got)
+	}
+	// The subscriber owns the retention: its update sets the byte bound.
+	if _, err := bus.EnsureStream(ctx, p.JetStream(), bus.StreamConfig{Name: "R", MaxAge: time.Hour, MaxBytes: 1 << 20}, true); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = p.JetStream().Stream(ctx, "R"); err != nil || s.CachedInfo().Config.MaxBytes != 1<<20 {
+		t.Fatalf("MaxBytes after an update: %v %v", s.CachedInfo().Config.MaxBytes, err)
+	}
+	bad := bus.StreamConfig{Name: "R", MaxBytes: -1}
+	if err := bad.Validate(); err == nil {
+		t.Fatal("a negative byte bound validated")
+	}
+}
+
+// At the byte bound the stream discards its oldest messages first (as it
+// does at the age bound): a consumer started later replays only the newest
+// ones, in order, and reports caught up on that shorter window.
+func TestStreamByteBoundDiscardsOldest(t *testing.T) {
+	ns := bustest.Start(t)
+	nc := connect(t, ns.URL())
+	const bound = 64 << 10
+	p, err := bus.NewPublisher(nc, bus.PublisherConfig{Stream: bus.StreamConfig{Name: "T", MaxBytes: bound}, Producer: "p1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := bus.Subject("T", "a", "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n, size = 400, 1000 // ~400 KB published, the stream holds ~64 KB
+	for i := range n {
+		u := &pb.CacheStateUpdate{ReplicaId: "r", TimestampUs: int64(i), Prefixes: []*pb.PrefixEntry{{PrefixHash: make([]byte, size)}}}
+		if err := p.Publish(ctx, subj, bus.KindUpdate, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.JetStream().Stream(ctx, "T")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := s.CachedInfo().State
+	if st.Bytes > bound || st.LastSeq != n || st.FirstSeq <= 1 || st.Msgs != st.LastSeq-st.FirstSeq+1 {
+		t.Fatalf("stream state %+v: want at most %d bytes, the newest messages up to %d", st, bound, n)
+	}
+	t.Logf("the %d-byte bound keeps messages %d to %d of %d (%d bytes)", bound, st.FirstSeq, st.LastSeq, n, st.Bytes)
+
+	var rec recorder
+	c, err := bus.NewConsumer(connect(t, ns.URL()), bus.ConsumerConfig{Stream: bus.StreamConfig{Name: "T"}, Apply: rec.apply})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, c)
+	select {
+	case <-c.CaughtUp():
+	case <-time.After(10 * time.Second):
+		t.Fatal("not caught up")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if uint64(len(rec.seqs)) != st.Msgs || rec.seqs[0] != st.FirstSeq || rec.ids[0] != int64(st.FirstSeq-1) {
+		t.Fatalf("replayed %d messages from seq %v, want the %d retained from %d", len(rec.seqs), rec.seqs[:1], st.Msgs, st.FirstSeq)
 	}
 }
 

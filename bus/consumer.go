@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/inferencecache/inferencecache/internal/reconnect"
 )
 
 // Consumer defaults.
@@ -27,6 +29,13 @@ const (
 	// retry bounds the wait before a new consumer session.
 	retryMin, retryMax = 250 * time.Millisecond, 5 * time.Second
 )
+
+// sessionBackoff is the wait before a new consumer session: retryMin
+// doubling to retryMax, and retryMin again after a session that ran
+// retryMax or longer (a working one, not one more failed attempt: without
+// the reset a consumer whose NATS failed five times early in its life
+// waited 5 s after every later session end).
+var sessionBackoff = reconnect.Backoff{Min: retryMin, Max: retryMax, ResetAfter: retryMax}
 
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
@@ -55,7 +64,15 @@ type ConsumerConfig struct {
 // When the connection is lost the nats.go ordered consumer recreates itself
 // from the last stream sequence delivered once NATS is back; if that fails
 // (the stream was deleted, ...), Run starts a new session from the last
-// sequence it applied.
+// sequence it applied. A stream found re-created (another creation time, or
+// its sequences behind the last one applied: NATS lost its store, or
+// someone deleted it) is read again from its start.
+//
+// Run never waits on a call into the ordered consumer that ignores
+// contexts (its Info and Stop wait on a lock it holds while it retries its
+// own recovery, without bound while the stream is missing): those run on
+// goroutines of their own, and a session's delivery callback returns once
+// the session ended.
 type Consumer struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
@@ -67,18 +84,27 @@ type Consumer struct {
 	caughtUp   chan struct{}
 	caughtOnce sync.Once
 
-	// Progress, written by the Run goroutine (and the delivery callback for
-	// delivered), read by metrics and tests at any time.
+	// Only the Run goroutine reads or writes these.
+	//
+	// streamCreated is the creation time of the stream read so far (zero
+	// before a session read it): another one means the stream was
+	// re-created. targetSet is set once a session read the consumer's
+	// pending count: the replay target.
+	streamCreated time.Time
+	targetSet     bool
+
+	// Progress, written by the Run goroutine, read by metrics and tests at
+	// any time.
 	started      time.Time     // set by NewConsumer
-	delivered    atomic.Uint64 // messages handed over by NATS
-	applied      atomic.Uint64 // messages passed to Apply
-	lastSeq      atomic.Uint64 // stream sequence of the last applied message
+	applied      atomic.Uint64 // messages passed to Apply (or skipped as unknown)
+	lastSeq      atomic.Uint64 // stream sequence of the last applied message; moves back only to 0 when the stream was re-created
 	lag          atomic.Uint64 // messages in the stream (filtered) not applied yet
-	replayTarget atomic.Uint64 // messages pending when the first session began
+	replayTarget atomic.Uint64 // messages pending when the first session read the stream
 	replayEnd    atomic.Uint64 // the stream's last sequence then: the replay ends there
 	lastCurrent  atomic.Int64  // unix nanos when the lag was last seen at 0
 	replayNanos  atomic.Int64  // start to caught up; 0 before
 	sessions     atomic.Uint64 // consumer sessions begun
+	streamResets atomic.Uint64 // streams found re-created
 	byKind       [3]atomic.Uint64
 }
 
@@ -125,9 +151,11 @@ type Progress struct {
 	// 0 while it is.
 	Stale    time.Duration
 	Sessions uint64
-	Updates  uint64 // applied messages by kind
-	Events   uint64
-	Unknown  uint64
+	// StreamResets counts the times the stream was found re-created.
+	StreamResets uint64
+	Updates      uint64 // applied messages by kind
+	Events       uint64
+	Unknown      uint64
 }
 
 // Progress returns the consumer's progress.
@@ -140,6 +168,7 @@ func (c *Consumer) Progress() Progress {
 		ReplayTarget: c.replayTarget.Load(),
 		Replay:       time.Duration(c.replayNanos.Load()),
 		Sessions:     c.sessions.Load(),
+		StreamResets: c.streamResets.Load(),
 		Updates:      c.byKind[KindUpdate].Load(),
 		Events:       c.byKind[KindEvent].Load(),
 		Unknown:      c.byKind[KindUnknown].Load(),
@@ -159,24 +188,14 @@ func (c *Consumer) Progress() Progress {
 	return p
 }
 
-// Run consumes until ctx ends; it returns ctx.Err().
+// Run consumes until ctx ends; it returns ctx.Err(). A session that ends
+// while ctx is live is logged and followed by a new one after retryMin,
+// doubling to retryMax, back to retryMin after a session that ran at least
+// retryMax (sessionBackoff, reconnect.Loop).
 func (c *Consumer) Run(ctx context.Context) error {
-	wait := retryMin
-	for {
-		err := c.session(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+	return reconnect.Loop(ctx, sessionBackoff, c.session, func(err error, wait time.Duration) {
 		c.log.Warn("NATS consumer session ended; starting a new one", "err", err, "after", wait, "last_seq", c.lastSeq.Load())
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		wait = min(2*wait, retryMax)
-	}
+	})
 }
 
 // waitConnected waits until nc is connected or ctx ends.
@@ -193,19 +212,28 @@ func (c *Consumer) waitConnected(ctx context.Context) error {
 	return nil
 }
 
+// errStreamRecreated ends a session whose stream was replaced by another
+// of the same name.
+var errStreamRecreated = errors.New("bus: the stream was re-created")
+
 // session runs one ordered consumer from the message after the last one
 // applied until ctx ends or it fails.
 func (c *Consumer) session(ctx context.Context) error {
 	if err := c.waitConnected(ctx); err != nil {
 		return err
 	}
-	first := c.sessions.Add(1) == 1
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	c.sessions.Add(1)
+	// The session's own scope: its end releases the delivery callback and
+	// any call still in flight.
+	sctx, endSession := context.WithCancel(ctx)
+	defer endSession()
+	cctx, cancel := context.WithTimeout(sctx, callTimeout)
 	defer cancel()
 	stream, err := EnsureStream(cctx, c.js, c.cfg.Stream, false)
 	if err != nil {
 		return err
 	}
+	c.adoptStream(stream.CachedInfo())
 	occ := jetstream.OrderedConsumerConfig{FilterSubjects: c.cfg.Filters, DeliverPolicy: jetstream.DeliverAllPolicy}
 	if last := c.lastSeq.Load(); last > 0 {
 		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last+1
@@ -214,12 +242,15 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cannot create the ordered consumer: %w", err)
 	}
+	// Nothing holds the ordered consumer's lock before Consume: this Info
+	// honors cctx.
 	info, err := cons.Info(cctx)
 	if err != nil {
 		return fmt.Errorf("cannot read the consumer: %w", err)
 	}
 	c.lag.Store(info.NumPending)
-	if first {
+	if !c.targetSet {
+		c.targetSet = true
 		c.replayTarget.Store(info.NumPending)
 		c.replayEnd.Store(stream.CachedInfo().State.LastSeq)
 		c.log.Info("replaying the NATS stream", "stream", c.cfg.Stream.Name, "messages", info.NumPending, "filters", c.cfg.Filters)
@@ -227,14 +258,18 @@ func (c *Consumer) session(ctx context.Context) error {
 	c.noteLag(info.NumPending)
 
 	// The callback only hands messages over; a full channel holds NATS's
-	// delivery back (flow control) until the apply loop catches up.
+	// delivery back (flow control) until the apply loop catches up. recv
+	// counts the messages handed over in this session, applied (the loop's
+	// own) those it applied: recv-applied are in the channel.
 	ch := make(chan jetstream.Msg, 4*c.cfg.MaxBatch)
+	var recv atomic.Uint64
+	var applied uint64
 	errCh := make(chan error, 1)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		c.delivered.Add(1)
 		select {
 		case ch <- m:
-		case <-ctx.Done():
+			recv.Add(1)
+		case <-sctx.Done():
 		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		c.log.Debug("NATS consumer", "err", err)
@@ -248,8 +283,16 @@ func (c *Consumer) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cannot consume: %w", err)
 	}
-	defer cc.Stop()
+	// Stop can wait on the ordered consumer's lock for seconds; it ends the
+	// consumer's own retries (bounded), so nothing waits for it.
+	defer func() { go cc.Stop() }()
+	closed := cc.Closed() // one goroutine per call, waiting for the stop: call it once
 
+	// pending receives the consumer's pending count, read by a goroutine
+	// of its own (infoBusy: at most one in flight) since the read waits on
+	// the ordered consumer's lock.
+	pending := make(chan uint64, 1)
+	var infoBusy atomic.Bool
 	batch := make([]Message, 0, c.cfg.MaxBatch)
 	poll := time.NewTicker(lagPoll)
 	defer poll.Stop()
@@ -259,10 +302,32 @@ func (c *Consumer) session(ctx context.Context) error {
 			return ctx.Err()
 		case err := <-errCh:
 			return err
-		case <-cc.Closed():
+		case <-closed:
 			return errors.New("bus: the consumer closed")
 		case <-poll.C:
-			c.pollLag(ctx, cons, len(ch))
+			if err := c.checkStream(sctx); err != nil {
+				return err
+			}
+			if c.nc.Status() == nats.CONNECTED && infoBusy.CompareAndSwap(false, true) {
+				go func() {
+					defer infoBusy.Store(false)
+					ictx, cancel := context.WithTimeout(sctx, callTimeout)
+					defer cancel()
+					if info, err := cons.Info(ictx); err == nil && ictx.Err() == nil {
+						select {
+						case pending <- info.NumPending:
+						default:
+						}
+					}
+				}()
+			}
+			continue
+		case n := <-pending:
+			inFlight := recv.Load() - applied
+			c.lag.Store(n + inFlight)
+			if inFlight == 0 {
+				c.noteLag(n)
+			}
 			continue
 		case m := <-ch:
 			batch = c.appendMsg(batch[:0], m)
@@ -276,9 +341,58 @@ func (c *Consumer) session(ctx context.Context) error {
 			}
 			break
 		}
+		applied += uint64(len(batch))
 		c.apply(batch)
 		clear(batch) // drop the payload references
 	}
+}
+
+// adoptStream compares the stream a session found with the one read so
+// far: a re-created stream (another creation time, or its last sequence
+// behind the last one applied) is read from its start; messages the
+// stream's limits discarded before this consumer read them are logged.
+// Run goroutine only.
+func (c *Consumer) adoptStream(si *jetstream.StreamInfo) {
+	if si == nil {
+		return
+	}
+	last := c.lastSeq.Load()
+	if !c.streamCreated.IsZero() && (!si.Created.Equal(c.streamCreated) || si.State.LastSeq < last) {
+		c.streamResets.Add(1)
+		c.log.Warn("the NATS stream was re-created; reading it from its start", "stream", c.cfg.Stream.Name,
+			"created", si.Created, "was_created", c.streamCreated, "last_seq", si.State.LastSeq, "applied_up_to", last)
+		c.lastSeq.Store(0)
+		last = 0
+	}
+	c.streamCreated = si.Created
+	if last > 0 && si.State.FirstSeq > last+1 {
+		c.log.Warn("the stream discarded messages before this server read them (its age or byte bound); the index may miss what they reported until the next refresh",
+			"stream", c.cfg.Stream.Name, "missed", si.State.FirstSeq-last-1)
+	}
+}
+
+// checkStream reads the stream's state (honoring ctx, unlike the ordered
+// consumer's calls) and ends the session when the stream is gone or was
+// re-created: the ordered consumer would otherwise go on retrying, or
+// resume past the new stream's messages.
+func (c *Consumer) checkStream(ctx context.Context) error {
+	if c.nc.Status() != nats.CONNECTED {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	s, err := c.js.Stream(cctx, c.cfg.Stream.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("bus: stream %s: %w", c.cfg.Stream.Name, err)
+	case err != nil:
+		return nil // a timeout or a disconnect: the next poll sees
+	}
+	si := s.CachedInfo()
+	if !si.Created.Equal(c.streamCreated) || si.State.LastSeq < c.lastSeq.Load() {
+		return errStreamRecreated
+	}
+	return nil
 }
 
 // appendMsg converts m; its pending count becomes the lag once applied.
@@ -290,17 +404,24 @@ func (c *Consumer) appendMsg(batch []Message, m jetstream.Msg) []Message {
 	return append(batch, msg)
 }
 
-// apply hands batch to Apply (unknown kinds removed) and records progress.
+// apply hands batch to Apply (unknown kinds and messages at or below the
+// last sequence applied removed) and records progress.
 func (c *Consumer) apply(batch []Message) {
 	if len(batch) == 0 {
 		return
 	}
+	last := c.lastSeq.Load()
 	known := batch[:0]
+	var n, seq uint64
 	for _, m := range batch {
+		if m.Seq != 0 && m.Seq <= last {
+			continue // applied already (a redelivery)
+		}
+		n++
+		seq = max(seq, m.Seq)
 		c.byKind[m.Kind].Add(1)
 		if m.Kind == KindUnknown {
-			c.log.Warn("skipping a NATS message without a known kind header", "subject", m.Subject, "seq", m.Seq)
-			c.lastSeq.Store(m.Seq)
+			unknownKindLog.Warn(context.Background(), c.log, "skipping a NATS message without a known kind header", "subject", m.Subject, "seq", m.Seq)
 			continue
 		}
 		known = append(known, m)
@@ -308,16 +429,13 @@ func (c *Consumer) apply(batch []Message) {
 	if len(known) > 0 {
 		c.cfg.Apply(known)
 	}
-	last := batch[len(batch)-1]
-	if len(known) > 0 {
-		last = known[len(known)-1]
+	c.applied.Add(n)
+	if seq > last {
+		c.lastSeq.Store(seq)
 	}
-	c.applied.Add(uint64(len(batch)))
-	if last.Seq > 0 {
-		c.lastSeq.Store(last.Seq)
-	}
-	c.lag.Store(last.pending)
-	c.noteLag(last.pending)
+	pending := batch[len(batch)-1].pending
+	c.lag.Store(pending)
+	c.noteLag(pending)
 }
 
 // noteLag records a lag reading: current at 0; caught up at 0, or at
@@ -328,6 +446,9 @@ func (c *Consumer) noteLag(lag uint64) {
 	if lag == 0 {
 		c.lastCurrent.Store(time.Now().UnixNano())
 	}
+	if !c.targetSet {
+		return // no session read the stream yet: nothing is known
+	}
 	if lag == 0 || lag <= uint64(c.cfg.ReadyLag) && c.lastSeq.Load() >= c.replayEnd.Load() {
 		c.caughtOnce.Do(func() {
 			d := time.Since(c.started)
@@ -335,25 +456,5 @@ func (c *Consumer) noteLag(lag uint64) {
 			c.log.Info("caught up with the NATS stream", "took", d.Round(time.Millisecond), "applied", c.applied.Load(), "lag", lag)
 			close(c.caughtUp)
 		})
-	}
-}
-
-// pollLag reads the lag from NATS while no message arrives: messages NATS
-// has not delivered plus those delivered and not applied yet.
-func (c *Consumer) pollLag(ctx context.Context, cons jetstream.Consumer, queued int) {
-	if c.nc.Status() != nats.CONNECTED {
-		return
-	}
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	info, err := cons.Info(cctx)
-	if err != nil {
-		return
-	}
-	inFlight := c.delivered.Load() - c.applied.Load()
-	lag := info.NumPending + inFlight
-	c.lag.Store(lag)
-	if queued == 0 && inFlight == 0 {
-		c.noteLag(lag)
 	}
 }

@@ -18,6 +18,11 @@ const (
 	// DefaultRefresh is the subscriber's default refresh interval
 	// (kvevents.DefaultRefreshInterval).
 	DefaultRefresh = 5 * time.Minute
+	// DefaultMaxBytes bounds the stream's storage (--nats-stream-max-bytes):
+	// far above the replay window of the deployments docs/scaleout.md sizes
+	// (~3 MB per replica holding 20 k blocks), so the age bound is the one
+	// that acts; it keeps a runaway producer from filling NATS's disk.
+	DefaultMaxBytes = 1 << 30
 )
 
 // Retention is the stream's MaxAge for the longest tenant TTL and the
@@ -41,6 +46,11 @@ type StreamConfig struct {
 	// MaxAge is the retention (Retention); 0 means
 	// Retention(DefaultMaxTTL, DefaultRefresh).
 	MaxAge time.Duration
+	// MaxBytes bounds the stream's storage; 0 means DefaultMaxBytes. At
+	// the bound, as at the age bound, the oldest messages are discarded
+	// first, which shortens the window a new server replays (see
+	// docs/scaleout.md, "Retention").
+	MaxBytes int64
 	// Replicas is the stream's replication in a NATS cluster (1 to 5);
 	// 0 means 1.
 	Replicas int
@@ -61,6 +71,12 @@ func (c *StreamConfig) Validate() error {
 	}
 	if c.MaxAge < 0 {
 		return fmt.Errorf("bus: negative stream max age %v", c.MaxAge)
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = DefaultMaxBytes
+	}
+	if c.MaxBytes < 0 {
+		return fmt.Errorf("bus: negative stream max bytes %d", c.MaxBytes)
 	}
 	if c.Replicas == 0 {
 		c.Replicas = 1
@@ -83,6 +99,7 @@ func (c StreamConfig) jetstream() jetstream.StreamConfig {
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      c.MaxAge,
+		MaxBytes:    c.MaxBytes,
 		Storage:     st,
 		Replicas:    c.Replicas,
 		MaxMsgSize:  MaxMessageBytes,

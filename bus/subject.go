@@ -131,13 +131,16 @@ func unhex(c byte) int {
 
 // Subject returns the subject of (tenant, model) in stream.
 func Subject(stream, tenant, model string) string {
-	b := make([]byte, 0, len(stream)+len(tenant)+len(model)+8)
-	b = append(b, stream...)
-	b = append(b, '.')
-	b = AppendToken(b, tenant)
-	b = append(b, '.')
-	b = AppendToken(b, model)
-	return string(b)
+	return string(AppendSubject(make([]byte, 0, len(stream)+len(tenant)+len(model)+8), stream, tenant, model))
+}
+
+// AppendSubject appends the subject of (tenant, model) in stream to dst.
+func AppendSubject(dst []byte, stream, tenant, model string) []byte {
+	dst = append(dst, stream...)
+	dst = append(dst, '.')
+	dst = AppendToken(dst, tenant)
+	dst = append(dst, '.')
+	return AppendToken(dst, model)
 }
 
 // StreamSubjects is the subject filter a stream named stream is created

@@ -42,6 +42,16 @@ var mediaPartTypes = map[string]bool{
 // Keys come in vLLM's order (role, content, then the others). Media parts
 // are ErrUnsupportedContent; shapes the engine refuses are ErrInvalidChat.
 func ConvertMessage(raw json.RawMessage, format ContentFormat) (jinja.Value, error) {
+	if format == FormatString {
+		if v, ok := convertSimple(raw); ok {
+			return v, nil
+		}
+	}
+	return convertGeneral(raw, format)
+}
+
+// convertGeneral is ConvertMessage for every message.
+func convertGeneral(raw json.RawMessage, format ContentFormat) (jinja.Value, error) {
 	v, err := decodeJSON(raw)
 	if err != nil {
 		return jinja.Undefined(), err

@@ -194,6 +194,19 @@ func (d *jsonDecoder) str() (string, error) {
 		}
 		d.i++
 	}
+	// Escapes: the decoded string is at most as long as the raw one, so
+	// one buffer of that size holds it; runs between escapes are copied
+	// whole.
+	end := d.i
+	for end < len(d.s) && d.s[end] != '"' {
+		if d.s[end] == '\\' {
+			end++
+		}
+		end++
+	}
+	if n := end - start; cap(d.buf) < n {
+		d.buf = make([]byte, 0, n)
+	}
 	d.buf = append(d.buf[:0], d.s[start:d.i]...)
 	for d.i < len(d.s) {
 		c := d.s[d.i]
@@ -204,8 +217,11 @@ func (d *jsonDecoder) str() (string, error) {
 		case c < 0x20:
 			return "", d.errorf("control character in string")
 		case c != '\\':
-			d.buf = append(d.buf, c)
-			d.i++
+			run := d.i
+			for d.i < len(d.s) && d.s[d.i] != '"' && d.s[d.i] != '\\' && d.s[d.i] >= 0x20 {
+				d.i++
+			}
+			d.buf = append(d.buf, d.s[run:d.i]...)
 			continue
 		}
 		d.i++

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/inferencecache/inferencecache/controlapi"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	"github.com/inferencecache/inferencecache/policy"
 )
 
@@ -76,6 +77,13 @@ type handler struct {
 	snapshots SnapshotSource
 	prober    Prober
 	log       *slog.Logger
+	// One limiter per log call site a request can trigger (the zero value:
+	// one line per 10 s, the next counting those held back). An applied
+	// policy push gets a burst of 30 and one line a second, more than the
+	// controller's pushes ever need.
+	pushRejectedLog, snapshotClampedLog, snapshotEncodeLog, snapshotWriteLog ratelog.Limiter
+	probeRejectedLog, probeServedLog, probeEncodeLog                         ratelog.Limiter
+	pushAppliedLog                                                           ratelog.Limiter
 }
 
 // NewHandler returns the handler for /policy, /snapshot and /probe; any other
@@ -89,7 +97,8 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	case cfg.Prober == nil:
 		return nil, fmt.Errorf("%w: nil Prober", ErrInvalidConfig)
 	}
-	h := &handler{policies: cfg.Policies, snapshots: cfg.Snapshots, prober: cfg.Prober, log: cfg.Logger}
+	h := &handler{policies: cfg.Policies, snapshots: cfg.Snapshots, prober: cfg.Prober, log: cfg.Logger,
+		pushAppliedLog: ratelog.Limiter{Burst: 30, Every: time.Second}}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -131,12 +140,12 @@ func (h *handler) servePolicy(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &tooLarge) {
 			err = policy.ErrTooLarge
 		}
-		h.log.Warn("policy push rejected", "err", err, "remote", r.RemoteAddr)
+		h.pushRejectedLog.Warn(r.Context(), h.log, "policy push rejected", "err", err, "remote", r.RemoteAddr)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	snap := h.policies.Apply(body)
-	h.log.Info("policy snapshot applied", "version", body.Version, "policies", len(body.Policies),
+	h.pushAppliedLog.Info(r.Context(), h.log, "policy snapshot applied", "version", body.Version, "policies", len(body.Policies),
 		"tenants", len(body.Tenants), "pdTopologies", snap.Topologies(), "promptTemplates", snap.Templates(),
 		"generation", snap.Generation())
 	w.WriteHeader(http.StatusNoContent)
@@ -149,12 +158,12 @@ func (h *handler) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	snap := h.snapshots.Snapshot()
 	if n := sanitizeSnapshot(&snap); n > 0 {
-		h.log.Warn("cache snapshot has values JSON cannot carry; clamped them", "values", n)
+		h.snapshotClampedLog.Warn(r.Context(), h.log, "cache snapshot has values JSON cannot carry; clamped them", "values", n)
 	}
 	data, err := json.Marshal(snap)
 	if err != nil {
 		// sanitizeSnapshot leaves nothing encoding/json refuses.
-		h.log.Error("cannot encode the cache snapshot", "err", err)
+		h.snapshotEncodeLog.Error(r.Context(), h.log, "cannot encode the cache snapshot", "err", err)
 		http.Error(w, "cannot encode the cache snapshot", http.StatusInternalServerError)
 		return
 	}
@@ -162,7 +171,7 @@ func (h *handler) serveSnapshot(w http.ResponseWriter, r *http.Request) {
 	w.Header().Add("Vary", "Accept-Encoding")
 	if err := writeEncoded(w, negotiateEncoding(r.Header.Values("Accept-Encoding")), data); err != nil {
 		// Headers are out; the client sees a truncated body.
-		h.log.Warn("cannot write the cache snapshot", "err", err, "remote", r.RemoteAddr)
+		h.snapshotWriteLog.Warn(r.Context(), h.log, "cannot write the cache snapshot", "err", err, "remote", r.RemoteAddr)
 	}
 }
 
@@ -173,18 +182,18 @@ func (h *handler) serveProbe(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := decodeProbe(http.MaxBytesReader(w, r.Body, controlapi.MaxProbeBodyBytes))
 	if err != nil {
-		h.log.Warn("probe request rejected", "err", err, "remote", r.RemoteAddr)
+		h.probeRejectedLog.Warn(r.Context(), h.log, "probe request rejected", "err", err, "remote", r.RemoteAddr)
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), ProbeTimeout)
 	defer cancel()
 	resp := h.prober.Probe(ctx, req)
-	h.log.Debug("probe served", "backend", req.Backend, "model", req.Model, "hashScheme", req.HashScheme,
+	h.probeServedLog.Debug(r.Context(), h.log, "probe served", "backend", req.Backend, "model", req.Model, "hashScheme", req.HashScheme,
 		"ingest", resp.Ingest, "routing", resp.Routing, "t2", resp.T2)
 	data, err := json.Marshal(resp)
 	if err != nil {
-		h.log.Error("cannot encode the probe response", "err", err)
+		h.probeEncodeLog.Error(r.Context(), h.log, "cannot encode the probe response", "err", err)
 		http.Error(w, "cannot encode the probe response", http.StatusInternalServerError)
 		return
 	}

@@ -46,6 +46,13 @@ type clusterState struct {
 	indexOK bool
 	pods    []metav1.PartialObjectMetadata
 	podsOK  bool
+	// nsAnnotations are the annotations of every Namespace, by name: their
+	// consent to cross-namespace claims (claim.AllowClaimsFromAnnotation).
+	// Read only over all namespaces and when a backend sets
+	// allowCrossNamespace; namespacesOK says they were, so cross-namespace
+	// claims are judged.
+	nsAnnotations map[string]map[string]string
+	namespacesOK  bool
 	// remoteBackends records, for injected-by keys outside Options.Namespace,
 	// whether the backend exists.
 	remoteBackends map[string]bool
@@ -136,6 +143,29 @@ func fetchCluster(ctx context.Context, o *Options, fs *findings) *clusterState {
 		c.pods, c.podsOK = pods.Items, true
 	}
 
+	// Cross-namespace claims need the pods' Namespaces (their consent), and
+	// every namespace's pods and backends: only a run over all namespaces
+	// judges them.
+	if c.podsOK && c.backendsOK && o.Namespace == "" && slices.ContainsFunc(c.backends, func(b v1alpha1.CacheBackend) bool { return b.Spec.AllowCrossNamespace }) {
+		nss := &metav1.PartialObjectMetadataList{}
+		nss.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+		if err := o.Cluster.List(ctx, nss); err != nil {
+			if c.listErr("namespaces", err, fs) {
+				return nil
+			}
+		} else {
+			c.nsAnnotations = make(map[string]map[string]string, len(nss.Items))
+			for _, n := range nss.Items {
+				c.nsAnnotations[n.Name] = n.Annotations
+			}
+			c.namespacesOK = true
+		}
+	}
+
+	if o.Controller != nil {
+		checkController(ctx, o, fs)
+	}
+
 	// Resolve injected-by keys outside the listed scope with a Get each.
 	if c.podsOK && c.backendsOK && o.Namespace != "" {
 		tried := map[string]bool{}
@@ -179,14 +209,15 @@ func (c *clusterState) evaluate(snap *controlapi.CacheSnapshot, fs *findings) {
 		c.checkPolicies(fs)
 	}
 	if c.indexOK {
-		c.checkIndex(fs)
+		c.checkIndex(snap, fs)
 	}
 }
 
 // checkIndex reports whether the controller ever projected a /snapshot into
-// the CacheIndex: its absence means the controller's snapshot poll never
-// succeeded (not running, or cannot reach or authenticate to :8081).
-func (c *clusterState) checkIndex(fs *findings) {
+// the CacheIndex (IC270): its absence means the controller's snapshot poll
+// never succeeded (not running, or cannot reach or authenticate to :8081).
+// With the live snapshot it also compares the projection with it (IC271).
+func (c *clusterState) checkIndex(snap *controlapi.CacheSnapshot, fs *findings) {
 	obj := "cacheindex " + v1alpha1.CacheIndexName
 	ci := c.index
 	if ci == nil || ci.Status.LastUpdated == nil {
@@ -195,6 +226,83 @@ func (c *clusterState) checkIndex(fs *findings) {
 	}
 	fs.add(CodeCacheIndex, OK, obj, "%d prefixes from %s, last changed %s",
 		ci.Status.Prefixes.Summary.Total, cmp.Or(ci.Status.ObservedServer, "the server"), ci.Status.LastUpdated.UTC().Format(time.RFC3339))
+	if snap != nil {
+		checkIndexDrift(ci, snap, cmp.Or(c.o.DriftGrace, DefaultDriftGrace), time.Now(), fs)
+	}
+}
+
+// checkIndexDrift compares what the CacheIndex says the server holds with
+// what the server's live /snapshot says: the replicas that report stats and
+// the tenants that hold entries (which change with pods and tenants, not
+// with every KV event, so a working poller keeps them in step). The
+// projection changes whenever they (or any replica's stats) do, so one that
+// disagrees and has not changed for longer than grace is not being
+// refreshed.
+func checkIndexDrift(ci *v1alpha1.CacheIndex, snap *controlapi.CacheSnapshot, grace time.Duration, now time.Time, fs *findings) {
+	obj := "cacheindex " + v1alpha1.CacheIndexName
+	liveReplicas, liveTenants := map[string]bool{}, map[string]bool{}
+	for i := range snap.Replicas {
+		r := &snap.Replicas[i]
+		// The controller's projection rule: prefix-only replicas are not
+		// published in CacheIndex.
+		if r.StatsReported || !r.LastUpdate.IsZero() || r.HitRate != 0 {
+			liveReplicas[r.ReplicaID] = true
+		}
+	}
+	for i := range snap.Tenants {
+		liveTenants[snap.Tenants[i].TenantID] = true
+	}
+	projReplicas, projTenants := map[string]bool{}, map[string]bool{}
+	for i := range ci.Status.Replicas {
+		projReplicas[ci.Status.Replicas[i].ID] = true
+	}
+	for i := range ci.Status.Tenants {
+		projTenants[ci.Status.Tenants[i].ID] = true
+	}
+	var diffs []string
+	add := func(what string, names []string) {
+		if len(names) > 0 {
+			diffs = append(diffs, what+" "+nameList(names, 5))
+		}
+	}
+	add("tenants not projected:", quoted(onlyIn(liveTenants, projTenants)))
+	add("replicas not projected:", onlyIn(liveReplicas, projReplicas))
+	add("tenants projected but gone:", quoted(onlyIn(projTenants, liveTenants)))
+	add("replicas projected but gone:", onlyIn(projReplicas, liveReplicas))
+	if len(diffs) == 0 {
+		fs.add(CodeCacheIndexDrift, OK, obj, "matches the live /snapshot: %s, %s (prefixes: %d projected, %d live)",
+			plural(len(liveReplicas), "stats-reporting replica"), plural(len(liveTenants), "tenant"),
+			ci.Status.Prefixes.Summary.Total, snap.TotalPrefixes)
+		return
+	}
+	age := now.Sub(ci.Status.LastUpdated.Time).Round(time.Second)
+	differs := strings.Join(diffs, "; ")
+	if age > grace {
+		fs.add(CodeCacheIndexDrift, Warn, obj, "unchanged for %s while the live /snapshot differs (%s); the controller reads %s",
+			age, differs, cmp.Or(ci.Status.ObservedServer, "an unnamed server"))
+		return
+	}
+	fs.add(CodeCacheIndexDrift, Info, obj, "last changed %s ago and the live /snapshot differs (%s): the controller's next poll should catch up",
+		max(age, 0), differs)
+}
+
+// onlyIn lists the keys of a that b lacks, sorted.
+func onlyIn(a, b map[string]bool) []string {
+	var out []string
+	for k := range a {
+		if !b[k] {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func quoted(names []string) []string {
+	for i := range names {
+		names[i] = fmt.Sprintf("%q", names[i])
+	}
+	return names
 }
 
 func objName(kind string, o metav1.Object) string {
@@ -210,7 +318,20 @@ var badWhenTrue = map[string]bool{
 
 func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.CacheSnapshot, fs *findings) {
 	obj := objName("cachebackend", b)
-	switch ready := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionReady); {
+	conds, stale := splitConditions(b.Status.Conditions, b.Generation, b.Status.ObservedGeneration)
+	if len(b.Status.Conditions) > 0 && b.Status.ObservedGeneration < b.Generation {
+		// The status as a whole is behind; its stale conditions go with it.
+		msg := fmt.Sprintf("status is about generation %d, spec is at %d", b.Status.ObservedGeneration, b.Generation)
+		if len(stale) > 0 {
+			msg += "; not judged, stale: " + describeStale(stale, b.Status.ObservedGeneration)
+		}
+		fs.add(CodeBackendStale, Warn, obj, "%s", msg)
+	} else {
+		reportStale(fs, obj, stale, b.Generation, b.Status.ObservedGeneration)
+	}
+	switch ready := meta.FindStatusCondition(conds, v1alpha1.BackendConditionReady); {
+	case ready == nil && hasType(stale, v1alpha1.BackendConditionReady):
+		// Reported as stale above: it says nothing about the current spec.
 	case ready == nil:
 		fs.add(CodeBackendReady, Warn, obj, "no Ready condition: the controller has not reconciled it")
 	case ready.Status == metav1.ConditionTrue:
@@ -218,7 +339,7 @@ func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.C
 	default:
 		fs.add(CodeBackendReady, Fail, obj, "Ready=%s %s: %s", ready.Status, ready.Reason, ready.Message)
 	}
-	for _, cond := range b.Status.Conditions {
+	for _, cond := range conds {
 		if cond.Type == v1alpha1.BackendConditionReady || cond.Type == v1alpha1.BackendConditionProgressing {
 			continue
 		}
@@ -229,9 +350,6 @@ func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.C
 		if bad {
 			fs.add(CodeBackendCondition, Warn, obj, "%s=%s %s: %s", cond.Type, cond.Status, cond.Reason, cond.Message)
 		}
-	}
-	if len(b.Status.Conditions) > 0 && b.Status.ObservedGeneration < b.Generation {
-		fs.add(CodeBackendStale, Warn, obj, "status is about generation %d, spec is at %d", b.Status.ObservedGeneration, b.Generation)
 	}
 
 	var sel map[string]string
@@ -245,47 +363,136 @@ func (c *clusterState) checkBackend(b *v1alpha1.CacheBackend, snap *controlapi.C
 	if !c.podsOK {
 		return
 	}
-	// The controller's claim rule: a pod matched by several backends of its
-	// namespace belongs to the first by name (cross-namespace claims are
-	// left to the controller: the doctor may see one namespace only).
-	matched := map[string]bool{}
+	// The pod webhook's claim rule (claim.Owner): a pod matched by several
+	// backends of its namespace belongs to the first by name; one that no
+	// backend of its namespace claims belongs to the first backend of
+	// another namespace that sets allowCrossNamespace and that the pod's
+	// namespace consents to. Pods outside b's namespace are judged only
+	// when the Namespaces were read (a run over all namespaces). matched
+	// maps each claimed pod to its injected-by annotation ("" when it
+	// carries none).
+	matched := map[podRef]string{}
 	for _, p := range c.pods {
-		if p.Namespace != b.Namespace {
+		if p.Namespace != b.Namespace && !c.namespacesOK {
 			continue
 		}
-		if owner := claim.Claimant(c.backends, p.Namespace, p.Labels, p.Annotations); owner != nil && owner.Name == b.Name {
-			matched[p.Name] = true
+		cp := claim.Pod{Namespace: p.Namespace, NamespaceAnnotations: c.nsAnnotations[p.Namespace], Labels: p.Labels, Annotations: p.Annotations}
+		if claim.Claims(b, c.backends, cp) {
+			matched[podRef{p.Namespace, p.Name}] = strings.TrimSpace(p.Annotations[InjectedByAnnotation])
 		}
 	}
 	if len(matched) == 0 {
-		fs.add(CodeEnginePods, Warn, obj, "no pod in %s is claimed through engineSelector %s (none matches, or an earlier backend by name claims them)", b.Namespace, formatLabels(sel))
+		msg := fmt.Sprintf("no pod in %s is claimed through engineSelector %s (none matches, or an earlier backend by name claims them)", b.Namespace, formatLabels(sel))
+		switch {
+		case !b.Spec.AllowCrossNamespace:
+		case c.namespacesOK:
+			msg = fmt.Sprintf("no pod in %s, or in a namespace whose %s names %s, is claimed through engineSelector %s (none matches, or an earlier backend claims them)",
+				b.Namespace, claim.AllowClaimsFromAnnotation, b.Namespace, formatLabels(sel))
+		default:
+			msg += "; the pods it claims in other namespaces (allowCrossNamespace) were not checked: run the doctor over all namespaces"
+		}
+		fs.add(CodeEnginePods, Warn, obj, "%s", msg)
 		return
 	}
 	fs.add(CodeEnginePods, OK, obj, "%s match %s", plural(len(matched), "engine pod"), formatLabels(sel))
+	checkInjection(b, obj, matched, fs)
 	c.checkParticipation(b, obj, matched, snap, fs)
+}
+
+// podRef names a claimed pod.
+type podRef struct{ namespace, name string }
+
+// in is the pod's name as a backend of namespace ns reports it: the name for
+// a pod of ns, namespace/name for one of another namespace.
+func (p podRef) in(ns string) string {
+	if p.namespace == ns {
+		return p.name
+	}
+	return p.namespace + "/" + p.name
+}
+
+// sortedPods returns the claimed pods as backend namespace ns names them,
+// sorted, with their refs in the same order.
+func sortedPods(matched map[podRef]string, ns string) ([]string, []podRef) {
+	refs := slices.SortedFunc(maps.Keys(matched), func(a, b podRef) int {
+		return strings.Compare(a.in(ns), b.in(ns))
+	})
+	names := make([]string, len(refs))
+	for i, r := range refs {
+		names[i] = r.in(ns)
+	}
+	return names, refs
+}
+
+// checkInjection reports the claimed pods that do not carry the backend's
+// injection: admitted while the pod webhook was down or failing open, refused
+// by it (it warns and admits), created before the backend, or injected for
+// another backend that claimed them then.
+func checkInjection(b *v1alpha1.CacheBackend, obj string, matched map[podRef]string, fs *findings) {
+	want := b.Namespace + "/" + b.Name
+	var none, other []string
+	names, refs := sortedPods(matched, b.Namespace)
+	for i, name := range names {
+		switch by := matched[refs[i]]; by {
+		case want:
+		case "":
+			none = append(none, name)
+		default:
+			other = append(other, name+" ("+by+")")
+		}
+	}
+	if len(none) == 0 && len(other) == 0 {
+		if len(matched) == 1 {
+			fs.add(CodeInjection, OK, obj, "the matched pod carries its injection")
+		} else {
+			fs.add(CodeInjection, OK, obj, "all %d matched pods carry its injection", len(matched))
+		}
+		return
+	}
+	var parts []string
+	if len(none) > 0 {
+		parts = append(parts, fmt.Sprintf("%d of %d matched pods were admitted without injection: %s", len(none), len(matched), nameList(none, 5)))
+	}
+	if len(other) > 0 {
+		parts = append(parts, fmt.Sprintf("%d carry another backend's injection: %s", len(other), nameList(other, 5)))
+	}
+	fs.add(CodeInjection, Warn, obj, "%s", strings.Join(parts, "; "))
 }
 
 // checkParticipation looks for the backend's matched pods in the index: in
 // the live snapshot (a replica is the pod named by its replicaId in the
-// namespace named by its tenant) or, without one, in
-// status.indexParticipation.
-func (c *clusterState) checkParticipation(b *v1alpha1.CacheBackend, obj string, matched map[string]bool, snap *controlapi.CacheSnapshot, fs *findings) {
+// namespace named by its tenant: the pod's own, also for a pod claimed
+// across namespaces) or, without one, in status.indexParticipation.
+//
+// Every matched pod must be there: one that is not has no KV events reaching
+// the server, whatever its siblings do.
+func (c *clusterState) checkParticipation(b *v1alpha1.CacheBackend, obj string, matched map[podRef]string, snap *controlapi.CacheSnapshot, fs *findings) {
 	if snap != nil {
-		var rows int
+		indexed := map[podRef]bool{}
 		var prefixes int64
 		for _, r := range snap.Replicas {
-			if r.Tenant == b.Namespace && matched[r.ReplicaID] {
-				rows++
+			ref := podRef{r.Tenant, r.ReplicaID}
+			if _, ok := matched[ref]; ok {
+				indexed[ref] = true
 				prefixes += r.PrefixCount
 			}
 		}
+		var missing []string
+		names, refs := sortedPods(matched, b.Namespace)
+		for i, name := range names {
+			if !indexed[refs[i]] {
+				missing = append(missing, name)
+			}
+		}
 		switch {
-		case rows == 0:
-			fs.add(CodeParticipation, Warn, obj, "none of the matched pods (%d) is in the server's index (/snapshot)", len(matched))
+		case len(indexed) == 0:
+			fs.add(CodeParticipation, Warn, obj, "none of the matched pods (%d) is in the server's index (/snapshot): %s", len(matched), nameList(missing, 5))
+		case len(missing) > 0:
+			fs.add(CodeParticipation, Warn, obj, "%d of %d matched pods in the index (/snapshot); not in it: %s", len(indexed), len(matched), nameList(missing, 5))
 		case prefixes == 0:
-			fs.add(CodeParticipation, Info, obj, "%d of %d matched pods report stats but hold no prefixes", rows, len(matched))
+			fs.add(CodeParticipation, Info, obj, "%d of %d matched pods report stats but hold no prefixes", len(indexed), len(matched))
 		default:
-			fs.add(CodeParticipation, OK, obj, "%d of %d matched pods in the index, %d prefixes (/snapshot)", rows, len(matched), prefixes)
+			fs.add(CodeParticipation, OK, obj, "%d of %d matched pods in the index, %d prefixes (/snapshot)", len(indexed), len(matched), prefixes)
 		}
 		return
 	}
@@ -343,7 +550,9 @@ func (c *clusterState) checkOrphans(fs *findings) {
 
 func checkTenant(t *v1alpha1.CacheTenant, snap *controlapi.CacheSnapshot, fs *findings) {
 	obj := objName("cachetenant", t)
-	if r := meta.FindStatusCondition(t.Status.Conditions, v1alpha1.ConditionReady); r != nil && r.Status == metav1.ConditionFalse {
+	conds, stale := splitConditions(t.Status.Conditions, t.Generation, t.Status.ObservedGeneration)
+	reportStale(fs, obj, stale, t.Generation, t.Status.ObservedGeneration)
+	if r := meta.FindStatusCondition(conds, v1alpha1.ConditionReady); r != nil && r.Status == metav1.ConditionFalse {
 		fs.add(CodeTenantNotReady, Warn, obj, "Ready=False %s: %s", r.Reason, r.Message)
 	}
 	var entries *int64
@@ -360,7 +569,7 @@ func checkTenant(t *v1alpha1.CacheTenant, snap *controlapi.CacheSnapshot, fs *fi
 	} else if t.Status.IndexEntries != nil {
 		entries = t.Status.IndexEntries
 	}
-	exceeded := meta.IsStatusConditionTrue(t.Status.Conditions, v1alpha1.ConditionQuotaExceeded)
+	exceeded := meta.IsStatusConditionTrue(conds, v1alpha1.ConditionQuotaExceeded)
 	var limit *int64
 	if t.Spec.Quota != nil {
 		limit = t.Spec.Quota.MaxIndexEntries
@@ -406,8 +615,12 @@ func (c *clusterState) checkPolicies(fs *findings) {
 		p := &c.policies[i]
 		governed[p.Namespace] = true
 		obj := objName("cachepolicy", p)
-		acc := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionAccepted)
+		conds, stale := splitConditions(p.Status.Conditions, p.Generation, p.Status.ObservedGeneration)
+		reportStale(fs, obj, stale, p.Generation, p.Status.ObservedGeneration)
+		acc := meta.FindStatusCondition(conds, v1alpha1.ConditionAccepted)
 		switch {
+		case acc == nil && hasType(stale, v1alpha1.ConditionAccepted):
+			continue // reported as stale: no verdict on the current spec
 		case acc == nil:
 			fs.add(CodePolicyAccepted, Warn, obj, "no Accepted condition: the controller has not reconciled it")
 			continue
@@ -416,7 +629,7 @@ func (c *clusterState) checkPolicies(fs *findings) {
 			continue
 		}
 		fs.add(CodePolicyAccepted, OK, obj, "Accepted")
-		if pr := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionPropagated); pr != nil {
+		if pr := meta.FindStatusCondition(conds, v1alpha1.ConditionPropagated); pr != nil {
 			if pr.Status == metav1.ConditionTrue {
 				fs.add(CodePolicyPropagated, OK, obj, "Propagated (%s)", pr.Reason)
 			} else {

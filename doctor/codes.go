@@ -29,12 +29,14 @@ const (
 	CodeClusterAPI       = "IC200"
 	CodeCRDs             = "IC201"
 	CodeForbidden        = "IC202"
+	CodeStaleCondition   = "IC203"
 	CodeBackendReady     = "IC210"
 	CodeBackendCondition = "IC211"
 	CodeBackendStale     = "IC212"
 	CodeEnginePods       = "IC220"
 	CodeEmptySelector    = "IC221"
 	CodeParticipation    = "IC230"
+	CodeInjection        = "IC231"
 	CodeOrphanPod        = "IC240"
 	CodeTenantQuota      = "IC250"
 	CodeTenantNotReady   = "IC251"
@@ -42,6 +44,11 @@ const (
 	CodePolicyAccepted   = "IC261"
 	CodePolicyPropagated = "IC262"
 	CodeCacheIndex       = "IC270"
+	CodeCacheIndexDrift  = "IC271"
+	CodeControllerDeploy = "IC280"
+	CodeLeaderLease      = "IC281"
+	CodeWebhookCABundle  = "IC282"
+	CodeWebhookEndpoints = "IC283"
 )
 
 // allCodes is every code the doctor emits, in code order. README.md lists the
@@ -92,6 +99,9 @@ var allCodes = []Code{
 	{CodeForbidden, "rbac",
 		"The doctor's identity may not list a resource, so the checks that need it were skipped.",
 		"Run with an identity that may get/list the inferencecache.io kinds and pods (e.g. the view ClusterRole plus the CRDs' aggregate roles)."},
+	{CodeStaleCondition, "stale-condition",
+		"A status condition's observedGeneration (or, when the condition carries none, status.observedGeneration) is older than metadata.generation: it judged an earlier spec, so the doctor reports it as stale instead of taking it as the object's state.",
+		"Wait for the controller to reconcile the latest spec (seconds); if it persists, check the controller is running and leader-elected (IC280, IC281) and its logs for reconcile errors on the object."},
 	{CodeBackendReady, "backend-ready",
 		"A CacheBackend's Ready condition is False or Unknown (FAIL), or absent because the controller has not reconciled it yet (WARN).",
 		"kubectl describe cachebackend NAME -n NS for the reason and Events; check the controller is running."},
@@ -99,17 +109,20 @@ var allCodes = []Code{
 		"A CacheBackend reports a problem condition: Degraded or T2Degraded True, or FunctionalProbeOK, EngineKernelsHealthy or EngineCompatibility False.",
 		"Read the condition's reason and message (kubectl describe cachebackend)."},
 	{CodeBackendStale, "backend-status-stale",
-		"A CacheBackend's status.observedGeneration is behind metadata.generation: the controller has not acted on the latest spec.",
+		"A CacheBackend's status.observedGeneration is behind metadata.generation: the controller has not acted on the latest spec, so its conditions (listed) are stale and not judged.",
 		"Check the controller is running and leader-elected, and its logs for reconcile errors on the backend."},
 	{CodeEnginePods, "engine-pods",
-		"No pod in the backend's namespace carries every label of spec.engineSelector.matchLabels, so no engine is wired to the backend.",
-		"Fix the selector or the engine pods' labels (kubectl get pods -n NS -l k=v)."},
+		"The backend claims no pod: none in its namespace carries every label of spec.engineSelector.matchLabels (or an earlier backend by name claims them), nor, with allowCrossNamespace, one in a namespace that consents (inferencecache.io/allow-claims-from), so no engine is wired to the backend.",
+		"Fix the selector or the engine pods' labels (kubectl get pods -n NS -l k=v); for pods of another namespace, annotate that Namespace with inferencecache.io/allow-claims-from naming the backend's namespace."},
 	{CodeEmptySelector, "engine-selector",
 		"The CacheBackend has no engineSelector.matchLabels; an empty selector claims no pod.",
 		"Set spec.engineSelector.matchLabels to the engine pods' labels."},
 	{CodeParticipation, "index-participation",
-		"Engine pods match the backend but none of them appears in the server's index (/snapshot replicas, or status.indexParticipation with --config-only): no KV events reach the server.",
+		"Engine pods the backend claims are missing from the server's index (/snapshot replicas; with --config-only, status.indexParticipation holds no prefix): the KV events of those pods do not reach the server. The message lists the missing pods.",
 		"Check the engines publish KV events and the kvevent-subscriber forwards them to the server (its logs and metrics); the replica id must be the pod name and the tenant its namespace."},
+	{CodeInjection, "engine-injection",
+		"Engine pods the backend claims were admitted without its injection (no inferencecache.io/injected-by annotation, or one naming another backend): the pod webhook was unreachable and failed open, refused to inject (unknown engine, no engine container), or the pods predate the backend. They run without the kvevent-subscriber wiring.",
+		"Check the webhook (IC282, IC283) and the pods' admission warnings, then restart the pods' workload (kubectl rollout restart) so they are admitted again."},
 	{CodeOrphanPod, "orphan-pod",
 		"A pod is annotated inferencecache.io/injected-by with a CacheBackend that no longer exists: it still runs the injected cache wiring.",
 		"Restart the pod's workload (kubectl rollout restart) so it is admitted again without the stale injection, or recreate the backend."},
@@ -131,6 +144,21 @@ var allCodes = []Code{
 	{CodeCacheIndex, "cacheindex",
 		"The CacheIndex cluster-default is missing or has no status: the controller's /snapshot poll never succeeded (controller not running, or it cannot reach or authenticate to the server's :8081).",
 		"Check the controller pod and its logs for snapshot errors; its --server-address and --controller-token-path must match the server."},
+	{CodeCacheIndexDrift, "cacheindex-drift",
+		"The CacheIndex the controller projected disagrees with the live /snapshot on which replicas report stats or which tenants hold entries, and has not changed for longer than a working poll allows: the controller's /snapshot poll is failing, or it polls another server than --control-url (CacheIndex names the one it reads). Assumes every server holds the same index (one server, or scale-out over NATS).",
+		"Check the controller's logs for snapshot errors and its --server-address against the server the doctor reads; InferencecacheSnapshotPollFailing alerts on the same."},
+	{CodeControllerDeploy, "controller-deployment",
+		"The controller Deployment is missing, scaled to 0, or has fewer available replicas than desired: with none available no policy is pushed, status goes stale and the webhooks are down.",
+		"kubectl -n NS describe deploy NAME and its pods (image pull, crash loop, scheduling); --controller-namespace and --controller-deployment name it."},
+	{CodeLeaderLease, "leader-lease",
+		"The controller's leader Lease is missing, held by nobody, or not renewed within twice its lease duration: no replica runs the controllers (propagation, snapshot poll, backend reconcile), while the webhooks may still answer.",
+		"kubectl -n NS get lease NAME -o yaml; check the replicas' logs for leader-election errors (RBAC on coordination.k8s.io leases, apiserver reachability); --leader-election-id names it."},
+	{CodeWebhookCABundle, "webhook-cabundle",
+		"A webhook configuration is missing, or a webhook's clientConfig.caBundle is empty, holds no parsable PEM certificate, holds an expired one, or does not verify the certificate the webhook Service serves: the apiserver cannot call the webhook (validating: inferencecache.io writes are refused; pod injection: pods start uninjected).",
+		"The controller writes the caBundles at start-up (--webhook-self-signed); restart it, or with cert-manager check the CA injector. --validating-webhook-config and --mutating-webhook-config name the configurations."},
+	{CodeWebhookEndpoints, "webhook-endpoints",
+		"The Service a webhook configuration calls is missing or its EndpointSlices list no ready endpoint: the apiserver cannot reach the webhook (validating: inferencecache.io writes are refused; pod injection: pods start uninjected).",
+		"Check the controller pods are Ready (their readiness is the webhook server's) and that the Service's selector and targetPort match them: kubectl -n NS get endpointslices -l kubernetes.io/service-name=SERVICE."},
 }
 
 // codeIndex maps a code to its documentation.

@@ -6,7 +6,9 @@
 // Read-only means: the data plane is only asked (gRPC health, GET /snapshot,
 // and GET on /policy and /probe, which answer 405 once the token passed the
 // endpoint's auth, so reachability and the token are proven without pushing a
-// policy or running a probe); the cluster is only read (list and get).
+// policy or running a probe); the cluster is only read (list and get); a
+// webhook endpoint is only handshaken with (TLS, to verify its certificate
+// against the caBundle), never sent a request.
 //
 // Run never fails: every problem, including an unreachable apiserver or a
 // timeout, is a finding. Report.ExitCode maps the worst severity to 0 (OK or
@@ -19,6 +21,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -151,12 +154,55 @@ type Options struct {
 	// all namespaces.
 	Namespace string
 
+	// Controller names the controller's Deployment, leader Lease and
+	// webhook configurations for the controller checks (IC280-IC283), which
+	// run whatever Namespace says; nil skips them (DefaultController has the
+	// shipped names).
+	Controller *ControllerRefs
+	// Dial connects to a webhook endpoint for the serving-certificate check
+	// (IC282); nil uses a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// DriftGrace is how long the CacheIndex may disagree with the live
+	// /snapshot before IC271 is a WARN; zero means DefaultDriftGrace.
+	DriftGrace time.Duration
+
 	// ConfigOnly skips every data-plane call (gRPC and HTTP) and the token
 	// files those calls would use; the cluster is still checked.
 	ConfigOnly bool
 	// Timeout bounds the whole Run; zero means DefaultTimeout.
 	Timeout time.Duration
 }
+
+// ControllerRefs names the controller's objects. An empty field skips the
+// check of that object.
+type ControllerRefs struct {
+	// Namespace is the controller's namespace (the Deployment's, the
+	// Lease's).
+	Namespace string
+	// Deployment is the controller Deployment (IC280).
+	Deployment string
+	// LeaderLease is the leader election Lease, the controller's
+	// --leader-election-id (IC281).
+	LeaderLease string
+	// ValidatingWebhook and MutatingWebhook are the webhook configurations
+	// (IC282); the Services their webhooks call are checked too (IC283).
+	ValidatingWebhook, MutatingWebhook string
+}
+
+// DefaultController returns the names operator/config/default deploys.
+func DefaultController() ControllerRefs {
+	return ControllerRefs{
+		Namespace:         "inferencecache-system",
+		Deployment:        "inferencecache-controller",
+		LeaderLease:       "inferencecache-controller.inferencecache.io",
+		ValidatingWebhook: "inferencecache-validating-webhook",
+		MutatingWebhook:   "inferencecache-mutating-webhook",
+	}
+}
+
+// DefaultDriftGrace is four of the controller's default snapshot intervals
+// (30 s): a working poller has projected the live /snapshot by then.
+const DefaultDriftGrace = 2 * time.Minute
 
 // Run performs the checks Options enable and returns the report. The data
 // plane and the cluster are checked concurrently, both bounded by

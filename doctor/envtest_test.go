@@ -12,8 +12,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	authnv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -53,6 +57,10 @@ type install struct {
 	conn       pb.InferenceCacheClient
 	// Token files.
 	ctrlTok, polTok, intruderPolTok string
+	// pki signs the webhook's serving certificate, served at webhookAddr
+	// (127.0.0.1) for the EndpointSlice address webhookEndpoint.
+	pki         pki
+	webhookAddr string
 }
 
 func startInstall(t *testing.T) *install {
@@ -79,7 +87,8 @@ func startInstall(t *testing.T) *install {
 		}
 	})
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, v1alpha1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, v1alpha1.AddToScheme, appsv1.AddToScheme,
+		coordinationv1.AddToScheme, admissionv1.AddToScheme, discoveryv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -104,6 +113,7 @@ func startInstall(t *testing.T) *install {
 			t.Fatal(err)
 		}
 	}
+	in.controllerInstall(t)
 	in.ctrlTok = in.tokenFile(t, dir, controllerSA, controllerAud)
 	in.polTok = in.tokenFile(t, dir, controllerSA, policyAud)
 	in.intruderPolTok = in.tokenFile(t, dir, "intruder", policyAud)
@@ -160,6 +170,8 @@ func (in *install) options(t *testing.T, ns string) doctor.Options {
 		Cluster:             cl,
 		ClusterHost:         cfg.Host,
 		Namespace:           ns,
+		Controller:          &ctl,
+		Dial:                in.dial,
 	}
 }
 
@@ -227,6 +239,7 @@ func tenant(in *install, t *testing.T, ns, id string, quota, entries *int64, con
 		ct.Spec.Quota = &v1alpha1.CacheTenantQuota{MaxIndexEntries: quota}
 	}
 	in.create(t, ct, func() {
+		ct.Status.ObservedGeneration = ct.Generation
 		ct.Status.IndexEntries = entries
 		if !slices.ContainsFunc(conds, func(c metav1.Condition) bool { return c.Type == v1alpha1.ConditionReady }) {
 			conds = append(conds, cond(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonObserved))
@@ -265,6 +278,35 @@ func (in *install) index(t *testing.T, tenant, replica string, n int) {
 	if ack, err := st.CloseAndRecv(); err != nil || !ack.GetAccepted() {
 		t.Fatalf("ReportCacheState ack %v, %v", ack, err)
 	}
+}
+
+// stats reports stats (no prefixes) for replica of tenant, so the replica
+// shows in /snapshot as a stats-reporting one.
+func (in *install) stats(t *testing.T, tenant, replica string) {
+	t.Helper()
+	st, err := in.conn.ReportCacheState(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &pb.CacheStateUpdate{TenantId: tenant, ModelId: "llama", ReplicaId: replica,
+		Stats: &pb.ReplicaStats{ReplicaId: replica, CacheMemoryBytes: 1 << 30, HitRate: 0.5}}
+	if err := st.Send(u); err != nil {
+		t.Fatal(err)
+	}
+	if ack, err := st.CloseAndRecv(); err != nil || !ack.GetAccepted() {
+		t.Fatalf("ReportCacheState ack %v, %v", ack, err)
+	}
+}
+
+// findingAt returns the finding with code about object, nil if none (the
+// first when several).
+func findingAt(r *doctor.Report, code, object string) *doctor.Finding {
+	for i := range r.Findings {
+		if r.Findings[i].Code == code && r.Findings[i].Object == object {
+			return &r.Findings[i]
+		}
+	}
+	return nil
 }
 
 // logSample logs the human output under -v (the README's sample).
@@ -309,6 +351,7 @@ func TestInstallation(t *testing.T) {
 	pod(in, t, "healthy", "engine-0", engine, "healthy/cb")
 	tenant(in, t, "healthy", "healthy", ptr(int64(1000)), ptr(int64(4)))
 	in.index(t, "healthy", "engine-0", 4)
+	in.project(t, 0)
 
 	t.Run("healthy", func(t *testing.T) {
 		start := time.Now() // client construction included
@@ -320,9 +363,15 @@ func TestInstallation(t *testing.T) {
 			doctor.CodeGRPCHealth, doctor.CodeSnapshot, doctor.CodePolicyEndpoint, doctor.CodeProbeEndpoint,
 			doctor.CodeNoAuth, doctor.CodeTokenFile, doctor.CodeClusterAPI, doctor.CodeCRDs, doctor.CodeBackendReady,
 			doctor.CodeEnginePods, doctor.CodeParticipation, doctor.CodeTenantQuota, doctor.CodePolicyCoverage,
-			doctor.CodePolicyAccepted, doctor.CodeCacheIndex,
+			doctor.CodePolicyAccepted, doctor.CodeCacheIndex, doctor.CodeInjection, doctor.CodeCacheIndexDrift,
+			doctor.CodeControllerDeploy, doctor.CodeLeaderLease, doctor.CodeWebhookCABundle, doctor.CodeWebhookEndpoints,
 		} {
 			wantFinding(t, r, code, doctor.OK)
+		}
+		for _, obj := range []string{"validatingwebhookconfiguration " + ctl.ValidatingWebhook, "mutatingwebhookconfiguration " + ctl.MutatingWebhook} {
+			if f := findingAt(r, doctor.CodeWebhookCABundle, obj); f == nil || !strings.Contains(f.Message, "verifies the serving certificate") {
+				t.Errorf("%s: the caBundle was not verified against the served certificate: %+v", obj, f)
+			}
 		}
 		noProblems(t, r)
 		wantExit(t, r, doctor.ExitOK)
@@ -414,6 +463,47 @@ func TestInstallation(t *testing.T) {
 		}
 	})
 
+	// cross: a backend with allowCrossNamespace claims the engine pods of a
+	// namespace that consents (inferencecache.io/allow-claims-from names the
+	// backend's namespace), as the pod webhook does (claim.Owner), and not
+	// those of one that does not. Judged by a run over all namespaces.
+	crossEngine := map[string]string{"app": "cross-engine"}
+	acceptedPolicy(in, t, "cross-home")
+	cross := backend("cross-home", "cb", crossEngine)
+	cross.Spec.AllowCrossNamespace = true
+	in.create(t, cross, func() {
+		cross.Status.ObservedGeneration = cross.Generation
+		cross.Status.Conditions = []metav1.Condition{cond(v1alpha1.BackendConditionReady, metav1.ConditionTrue, "Available")}
+	})
+	for ns, consent := range map[string]string{"cross-ok": "cache-a, cross-home", "cross-refuses": "cache-a"} {
+		if err := in.c.Create(ctxT(t), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+			Annotations: map[string]string{"inferencecache.io/allow-claims-from": consent}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod(in, t, "cross-ok", "engine-0", crossEngine, "cross-home/cb")
+	pod(in, t, "cross-refuses", "engine-0", crossEngine, "")
+	in.index(t, "cross-ok", "engine-0", 2) // the sidecar's tenant is the pod's namespace
+	t.Run("a cross-namespace claim needs the pod namespace's consent", func(t *testing.T) {
+		r := doctor.Run(ctxT(t), in.options(t, ""))
+		obj := "cachebackend cross-home/cb"
+		if f := findingAt(r, doctor.CodeEnginePods, obj); f == nil || f.Severity != doctor.OK || !strings.Contains(f.Message, "1 engine pod ") {
+			t.Errorf("IC220 %+v, want OK with the one pod of cross-ok", f)
+		}
+		if f := findingAt(r, doctor.CodeInjection, obj); f == nil || f.Severity != doctor.OK {
+			t.Errorf("IC231 %+v, want OK", f)
+		}
+		if f := findingAt(r, doctor.CodeParticipation, obj); f == nil || f.Severity != doctor.OK {
+			t.Errorf("IC230 %+v, want OK (cross-ok/engine-0 is in the index under tenant cross-ok)", f)
+		}
+		// Scoped to the backend's namespace, the doctor cannot see the
+		// pods it claims elsewhere, and says so.
+		r = doctor.Run(ctxT(t), in.options(t, "cross-home"))
+		if f := findingAt(r, doctor.CodeEnginePods, obj); f == nil || f.Severity != doctor.Warn || !strings.Contains(f.Message, "allowCrossNamespace") {
+			t.Errorf("-n cross-home: IC220 %+v, want a WARN saying other namespaces were not checked", f)
+		}
+	})
+
 	// policies: a conflicted policy, one never reconciled, and an accepted
 	// one whose push failed.
 	for _, p := range []struct {
@@ -428,7 +518,7 @@ func TestInstallation(t *testing.T) {
 		}},
 	} {
 		cp := &v1alpha1.CachePolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "policies", Name: p.name}}
-		in.create(t, cp, func() { cp.Status.Conditions = p.conds })
+		in.create(t, cp, func() { cp.Status.ObservedGeneration, cp.Status.Conditions = cp.Generation, p.conds })
 	}
 	t.Run("policy conditions", func(t *testing.T) {
 		o := in.options(t, "policies")
@@ -449,6 +539,7 @@ func TestInstallation(t *testing.T) {
 	tenant(in, t, "quota", "quota-dup", nil, nil, cond(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDuplicateTenantID))
 	in.index(t, "quota-over", "r1", 12)
 	in.index(t, "quota-near", "r1", 9)
+	in.project(t, 0)
 	for _, configOnly := range []bool{false, true} {
 		t.Run(fmt.Sprintf("quota config-only=%v", configOnly), func(t *testing.T) {
 			o := in.options(t, "quota")
@@ -481,6 +572,87 @@ func TestInstallation(t *testing.T) {
 		}
 		wantExit(t, r, doctor.ExitWarn)
 	})
+	// partial: two engine pods claimed and injected, only one in the index.
+	acceptedPolicy(in, t, "partial")
+	readyBackend(in, t, "partial", "cb", engine)
+	pod(in, t, "partial", "engine-0", engine, "partial/cb")
+	pod(in, t, "partial", "engine-1", engine, "partial/cb")
+	in.index(t, "partial", "engine-0", 3)
+	in.project(t, 0)
+	t.Run("some matched pods not in the index", func(t *testing.T) {
+		r := doctor.Run(ctxT(t), in.options(t, "partial"))
+		f := findingAt(r, doctor.CodeParticipation, "cachebackend partial/cb")
+		if f == nil || f.Severity != doctor.Warn || !strings.Contains(f.Message, "engine-1") || strings.Contains(f.Message, "engine-0") {
+			t.Errorf("IC230 %+v, want a WARN naming engine-1 only", f)
+		}
+		wantExit(t, r, doctor.ExitWarn)
+	})
+
+	// uninjected: both pods report to the index, but one was admitted
+	// without injection and one carries another backend's.
+	acceptedPolicy(in, t, "uninjected")
+	readyBackend(in, t, "uninjected", "cb", engine)
+	pod(in, t, "uninjected", "engine-0", engine, "")
+	pod(in, t, "uninjected", "engine-1", engine, "uninjected/earlier")
+	pod(in, t, "uninjected", "engine-2", engine, "uninjected/cb")
+	for _, p := range []string{"engine-0", "engine-1", "engine-2"} {
+		in.index(t, "uninjected", p, 2)
+	}
+	in.project(t, 0)
+	t.Run("matched pods admitted uninjected", func(t *testing.T) {
+		r := doctor.Run(ctxT(t), in.options(t, "uninjected"))
+		f := findingAt(r, doctor.CodeInjection, "cachebackend uninjected/cb")
+		if f == nil || f.Severity != doctor.Warn || !strings.Contains(f.Message, "engine-0") ||
+			!strings.Contains(f.Message, "engine-1") || strings.Contains(f.Message, "engine-2") {
+			t.Errorf("IC231 %+v, want a WARN naming engine-0 and engine-1", f)
+		}
+		wantFinding(t, r, doctor.CodeParticipation, doctor.OK)
+		wantExit(t, r, doctor.ExitWarn)
+	})
+
+	// stale: verdicts written for generation 1, then the specs changed.
+	acceptedPolicy(in, t, "stale")
+	readyBackend(in, t, "stale", "cb", engine)
+	pod(in, t, "stale", "engine-0", engine, "stale/cb")
+	sb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "stale", Name: "cb"}}
+	in.update(t, sb, false, func() { sb.Spec.BackendConfig = map[string]string{"model": "llama-2"} })
+	sp := &v1alpha1.CachePolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "stale", Name: "invalid"}}
+	in.create(t, sp, func() {
+		sp.Status.ObservedGeneration = sp.Generation
+		c := cond(v1alpha1.ConditionAccepted, metav1.ConditionFalse, "Invalid")
+		c.ObservedGeneration = sp.Generation
+		sp.Status.Conditions = []metav1.Condition{c}
+	})
+	in.update(t, sp, false, func() { sp.Spec.MinimumPrefixTokens = ptr(int32(64)) })
+	tenant(in, t, "stale", "stale-t", ptr(int64(10)), ptr(int64(12)),
+		cond(v1alpha1.ConditionQuotaExceeded, metav1.ConditionTrue, v1alpha1.ReasonOverEntryBudget))
+	st := &v1alpha1.CacheTenant{ObjectMeta: metav1.ObjectMeta{Namespace: "stale", Name: "stale-t"}}
+	in.update(t, st, false, func() { st.Spec.Quota.MaxIndexEntries = ptr(int64(100)) })
+	t.Run("stale conditions are not taken as the state", func(t *testing.T) {
+		o := in.options(t, "stale")
+		o.ConfigOnly = true // the tenant's entries from its status
+		r := doctor.Run(ctxT(t), o)
+		if f := findingAt(r, doctor.CodeBackendReady, "cachebackend stale/cb"); f != nil {
+			t.Errorf("a Ready condition about generation 1 judged on generation 2: %+v", f)
+		}
+		if f := findingAt(r, doctor.CodeBackendStale, "cachebackend stale/cb"); f == nil || !strings.Contains(f.Message, "Ready=True") {
+			t.Errorf("IC212 %+v, want the stale Ready listed", f)
+		}
+		if f := findingAt(r, doctor.CodePolicyAccepted, "cachepolicy stale/invalid"); f != nil {
+			t.Errorf("an Accepted=False about generation 1 judged on generation 2: %+v", f)
+		}
+		if f := findingAt(r, doctor.CodeStaleCondition, "cachepolicy stale/invalid"); f == nil || f.Severity != doctor.Warn || !strings.Contains(f.Message, "Accepted=False") {
+			t.Errorf("IC203 on the policy %+v, want a WARN naming Accepted=False", f)
+		}
+		if f := findingAt(r, doctor.CodeStaleCondition, "cachetenant stale/stale-t"); f == nil || !strings.Contains(f.Message, "QuotaExceeded=True") {
+			t.Errorf("IC203 on the tenant %+v, want a WARN naming QuotaExceeded=True", f)
+		}
+		if f := findingAt(r, doctor.CodeTenantQuota, "cachetenant stale/stale-t"); f == nil || f.Severity != doctor.OK {
+			t.Errorf("IC250 %+v, want OK: 12 of 100 entries, the QuotaExceeded verdict is stale", f)
+		}
+		wantExit(t, r, doctor.ExitWarn)
+	})
+
 	t.Run("all namespaces", func(t *testing.T) {
 		r := doctor.Run(ctxT(t), in.options(t, ""))
 		wantFinding(t, r, doctor.CodeOrphanPod, doctor.Warn)
@@ -492,6 +664,108 @@ func TestInstallation(t *testing.T) {
 		}
 		wantExit(t, r, doctor.ExitFail)
 		logSample(t, r)
+	})
+
+	t.Run("cacheindex drift", func(t *testing.T) {
+		// The projection stopped 10 minutes ago; a tenant and a replica
+		// appeared since.
+		in.project(t, 10*time.Minute)
+		in.stats(t, "drift", "engine-0")
+		defer in.project(t, 0)
+		r := doctor.Run(ctxT(t), in.options(t, "healthy"))
+		f := findingAt(r, doctor.CodeCacheIndexDrift, "cacheindex "+v1alpha1.CacheIndexName)
+		if f == nil || f.Severity != doctor.Warn || !strings.Contains(f.Message, `"drift"`) || !strings.Contains(f.Message, "engine-0") {
+			t.Fatalf("IC271 %+v, want a WARN naming tenant drift and replica engine-0", f)
+		}
+		wantExit(t, r, doctor.ExitWarn)
+
+		// The same disagreement right after a projection is in flux.
+		in.project(t, 0)
+		in.stats(t, "drift2", "engine-0")
+		r = doctor.Run(ctxT(t), in.options(t, "healthy"))
+		if f := findingAt(r, doctor.CodeCacheIndexDrift, "cacheindex "+v1alpha1.CacheIndexName); f == nil || f.Severity != doctor.Info {
+			t.Errorf("IC271 %+v, want INFO within the grace period", f)
+		}
+		noProblems(t, r)
+	})
+
+	t.Run("controller", func(t *testing.T) {
+		run := func(t *testing.T, refs *doctor.ControllerRefs) *doctor.Report {
+			o := in.options(t, "healthy")
+			o.ConfigOnly = true
+			if refs != nil {
+				o.Controller = refs
+			}
+			return doctor.Run(ctxT(t), o)
+		}
+		deploy := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: ctl.Deployment}}
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: ctl.LeaderLease}}
+		vwc := &admissionv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ctl.ValidatingWebhook}}
+		mwc := &admissionv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ctl.MutatingWebhook}}
+		slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: webhookService + "-x1"}}
+
+		for _, c := range []struct {
+			name   string
+			obj    client.Object
+			status bool
+			change func()
+			undo   func()
+			code   string
+			sev    doctor.Severity
+			want   string
+		}{
+			{"one replica available", deploy, true, func() { deploy.Status.AvailableReplicas = 1 }, func() { deploy.Status.AvailableReplicas = 2 },
+				doctor.CodeControllerDeploy, doctor.Warn, "1 of 2"},
+			{"no replica available", deploy, true, func() { deploy.Status.AvailableReplicas = 0 }, func() { deploy.Status.AvailableReplicas = 2 },
+				doctor.CodeControllerDeploy, doctor.Fail, "0 of 2"},
+			{"lease not renewed", lease, false, func() {
+				lease.Spec.LeaseDurationSeconds = ptr(int32(15))
+				lease.Spec.RenewTime = ptr(metav1.NewMicroTime(time.Now().Add(-10 * time.Minute)))
+			}, func() {
+				lease.Spec.LeaseDurationSeconds = ptr(int32(3600))
+				lease.Spec.RenewTime = ptr(metav1.NewMicroTime(time.Now()))
+			}, doctor.CodeLeaderLease, doctor.Fail, "renewed"},
+			{"lease released", lease, false, func() { lease.Spec.HolderIdentity = ptr("") },
+				func() { lease.Spec.HolderIdentity = ptr("inferencecache-controller-6f7d9c-abcde_3b1f") },
+				doctor.CodeLeaderLease, doctor.Fail, "no holder"},
+			{"caBundle of another CA", vwc, false, func() { vwc.Webhooks[1].ClientConfig.CABundle = newPKI(t, "x").caPEM },
+				func() { vwc.Webhooks[1].ClientConfig.CABundle = in.pki.caPEM }, doctor.CodeWebhookCABundle, doctor.Fail, "vcachetenant.inferencecache.io"},
+			{"empty caBundle", mwc, false, func() { mwc.Webhooks[0].ClientConfig.CABundle = nil },
+				func() { mwc.Webhooks[0].ClientConfig.CABundle = in.pki.caPEM }, doctor.CodeWebhookCABundle, doctor.Fail, "empty"},
+			{"caBundle not PEM", mwc, false, func() { mwc.Webhooks[0].ClientConfig.CABundle = []byte("not a certificate") },
+				func() { mwc.Webhooks[0].ClientConfig.CABundle = in.pki.caPEM }, doctor.CodeWebhookCABundle, doctor.Fail, "PEM"},
+			{"no ready webhook endpoint", slice, false, func() { slice.Endpoints[0].Conditions.Ready = ptr(false) },
+				func() { slice.Endpoints[0].Conditions.Ready = ptr(true) }, doctor.CodeWebhookEndpoints, doctor.Fail, "no ready endpoint"},
+			{"webhook endpoint unreachable from here", slice, false, func() { slice.Endpoints[0].Addresses = []string{"10.0.0.11"} },
+				func() { slice.Endpoints[0].Addresses = []string{"10.0.0.10"} }, doctor.CodeWebhookCABundle, doctor.Info, "not verified"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				in.update(t, c.obj, c.status, c.change)
+				defer in.update(t, c.obj, c.status, c.undo)
+				r := run(t, nil)
+				if !slices.ContainsFunc(r.Findings, func(f doctor.Finding) bool {
+					return f.Code == c.code && f.Severity == c.sev && strings.Contains(f.Message, c.want)
+				}) {
+					t.Errorf("no %s %s finding saying %q in\n%s", c.code, c.sev, c.want, strings.Join(codesAt(r), "\n"))
+				}
+			})
+		}
+
+		t.Run("objects missing", func(t *testing.T) {
+			r := run(t, &doctor.ControllerRefs{Namespace: systemNS, Deployment: "nope", LeaderLease: "nope",
+				ValidatingWebhook: "nope-v", MutatingWebhook: "nope-m"})
+			wantFinding(t, r, doctor.CodeControllerDeploy, doctor.Fail)
+			wantFinding(t, r, doctor.CodeLeaderLease, doctor.Warn)
+			wantFinding(t, r, doctor.CodeWebhookCABundle, doctor.Warn)
+			wantExit(t, r, doctor.ExitFail)
+		})
+		t.Run("restored", func(t *testing.T) {
+			r := run(t, nil)
+			for _, code := range []string{doctor.CodeControllerDeploy, doctor.CodeLeaderLease, doctor.CodeWebhookCABundle, doctor.CodeWebhookEndpoints} {
+				wantFinding(t, r, code, doctor.OK)
+			}
+			noProblems(t, r)
+		})
 	})
 
 	t.Run("unreachable server", func(t *testing.T) {
@@ -540,7 +814,7 @@ func TestInstallation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := doctor.Run(ctxT(t), doctor.Options{Cluster: cl, ClusterHost: cfg.Host, Namespace: "healthy"})
+		r := doctor.Run(ctxT(t), doctor.Options{Cluster: cl, ClusterHost: cfg.Host, Namespace: "healthy", Controller: &ctl})
 		wantFinding(t, r, doctor.CodeForbidden, doctor.Warn)
 		if r.Has(doctor.CodeCRDs, doctor.OK) || r.Has(doctor.CodeBackendReady, doctor.OK) {
 			t.Errorf("unverified checks reported OK:\n%s", strings.Join(codesAt(r), "\n"))

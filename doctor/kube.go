@@ -4,7 +4,11 @@ import (
 	"fmt"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -36,8 +40,8 @@ func ClusterConfig(kubeconfig, context string) (cfg *rest.Config, namespace stri
 }
 
 // NewClusterClient builds the read client of the cluster checks for cfg
-// (copied): core v1 and inferencecache.io/v1alpha1 types, every request
-// bounded by timeout.
+// (copied): core, apps, coordination, admissionregistration and discovery v1
+// and inferencecache.io/v1alpha1 types, every request bounded by timeout.
 func NewClusterClient(cfg *rest.Config, timeout time.Duration) (client.Reader, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.Timeout = timeout
@@ -46,11 +50,13 @@ func NewClusterClient(cfg *rest.Config, timeout time.Duration) (client.Reader, e
 		cfg.UserAgent = "inferencecache-doctor"
 	}
 	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("cannot build the scheme: %w", err)
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("cannot build the scheme: %w", err)
+	for _, add := range []func(*runtime.Scheme) error{
+		corev1.AddToScheme, appsv1.AddToScheme, coordinationv1.AddToScheme,
+		admissionv1.AddToScheme, discoveryv1.AddToScheme, v1alpha1.AddToScheme,
+	} {
+		if err := add(scheme); err != nil {
+			return nil, fmt.Errorf("cannot build the scheme: %w", err)
+		}
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {

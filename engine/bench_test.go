@@ -282,15 +282,18 @@ var (
 // it, with queues that differ so decisions go every way).
 func loadFixture() (*benchWorkload, *Engine) {
 	w, _ := benchFixture()
-	loadFixtureOnce.Do(func() {
-		loadFixtureE = New(Config{Load: DefaultLoadConfig()})
-		w.forEachUpdate(benchNow, func(u *Update) { loadFixtureE.Ingest(u, benchNow) })
-		for i, r := range w.replicas {
-			loadFixtureE.Ingest(&Update{TenantID: benchTenant, ModelID: benchModel, HashScheme: benchScheme, ReplicaID: r,
-				Stats: &ReplicaStats{Load: LoadStats{Reported: true, Waiting: int32(i % 5), Running: int32(2 + i%7), QueuedTokens: int64(i%9) * 700}}}, benchNow)
-		}
-	})
+	loadFixtureOnce.Do(func() { loadFixtureE = newLoadFixture(w) })
 	return w, loadFixtureE
+}
+
+func newLoadFixture(w *benchWorkload) *Engine {
+	e := New(Config{Load: DefaultLoadConfig()})
+	w.forEachUpdate(benchNow, func(u *Update) { e.Ingest(u, benchNow) })
+	for i, r := range w.replicas {
+		e.Ingest(&Update{TenantID: benchTenant, ModelID: benchModel, HashScheme: benchScheme, ReplicaID: r,
+			Stats: &ReplicaStats{Load: LoadStats{Reported: true, Waiting: int32(i % 5), Running: int32(2 + i%7), QueuedTokens: int64(i%9) * 700}}}, benchNow)
+	}
+	return e
 }
 
 // BenchmarkLookupRouteLoadAware measures the lookup path with load-aware
@@ -305,30 +308,45 @@ func BenchmarkLookupRouteLoadAware(b *testing.B) {
 	b.Run("lookup-only", func(b *testing.B) {
 		var res LookupResult
 		b.ReportAllocs()
+		c := startCPU()
 		for i := 0; b.Loop(); i++ {
 			e.LookupRoute(&reqs[i&4095], now, &res)
 		}
+		c.report(b, b.N)
 	})
-	b.Run("with-load", func(b *testing.B) {
-		var res LookupResult
-		decisions := [3]int{}
-		b.ReportAllocs()
-		for i := 0; b.Loop(); i++ {
-			req := &reqs[i&4095]
-			e.LookupRoute(req, now, &res)
-			pick := PickOfScore(&res.Scores[0])
-			d := e.AdviseByLoad(req, now, &res, pick, 1024)
-			decisions[d]++
-			switch d {
-			case LoadRerank:
-				pick = PickOfScore(&res.Scores[0])
-			case LoadExplore:
-				_, pick, _ = e.AffinityPick(&res, benchTenant, benchModel, benchScheme, seed, AffinityExplore)
+	run := func(e *Engine, follow bool) func(b *testing.B) {
+		return func(b *testing.B) {
+			var res LookupResult
+			decisions := [4]int{}
+			b.ReportAllocs()
+			c := startCPU()
+			for i := 0; b.Loop(); i++ {
+				req := &reqs[i&4095]
+				e.LookupRoute(req, now, &res)
+				pick := PickOfScore(&res.Scores[0])
+				d := e.AdviseByLoad(req, now, &res, pick, 1024)
+				decisions[d]++
+				switch d {
+				case LoadRerank:
+					pick = PickOfScore(&res.Scores[0])
+				case LoadExplore:
+					_, pick, _ = e.AffinityPick(&res, benchTenant, benchModel, benchScheme, seed, AffinityExplore)
+				case LoadExpected:
+					_, pick, _ = e.AffinityPick(&res, benchTenant, benchModel, benchScheme, seed, AffinityExpected)
+				}
+				e.NoteRouted(&res, pick, 64, now)
+				if follow {
+					e.NoteFollowed(req, &res, pick, now)
+				}
 			}
-			e.NoteRouted(&res, pick, 64, now)
+			c.report(b, b.N)
+			b.ReportMetric(float64(decisions[LoadKeep])/float64(b.N), "keep/op")
 		}
-		b.ReportMetric(float64(decisions[LoadKeep])/float64(b.N), "keep/op")
-	})
+	}
+	b.Run("with-load", run(e, false))
+	// Every lookup follows its answer (routing-time entries written and
+	// read), on an engine of its own so the others never see the entries.
+	b.Run("with-load-followed", run(newLoadFixture(w), true))
 }
 
 // BenchmarkRequestStartedFinished measures what an endpoint picker pays

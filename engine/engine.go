@@ -67,7 +67,10 @@ type Engine struct {
 	cfg    Config
 	ranker RankerConfig
 	// load is the normalized Config.Load (immutable).
-	load     LoadConfig
+	load LoadConfig
+	// expect is the routing-time entries (expect.go): fixed at New,
+	// lock-free.
+	expect   expectTable
 	policies Policies
 	metrics  Metrics
 	// seed salts table hashes per process.
@@ -110,11 +113,21 @@ type Engine struct {
 	// reused (see "Scope ids" below).
 	scopes    []*scope
 	freeSlots []freeSlot
-	// capq orders storage entries for cap and byte-budget eviction. It is
-	// kept only once capOn is set (see enforceCapLocked): an engine with no
-	// cap or budget, or far below them, spends no memory on it.
-	capq  capQueue
-	capOn bool
+	// The cap queue orders storage entries for cap and byte-budget
+	// eviction: one capQueue per tenant (tenantState.capq), its totals in
+	// capAcct. It is kept only once capOn is set (see enforceCapLocked): an
+	// engine with no cap or budget, or far below them, spends no memory on
+	// it. capHeap orders the tenants whose queue holds records and that may
+	// be over their fair share, by their queue's minimum key; spared holds
+	// the tenants found at or under it (a max-heap by entries); see
+	// evictCapOneLocked.
+	capAcct queueAcct
+	capOn   bool
+	capHeap []*tenantState
+	spared  []*tenantState
+	// activeTenants counts the tenants holding at least one storage entry,
+	// the reserved tenant excluded (the fair share's divisor).
+	activeTenants int
 	// quotas holds the per-tenant quota queues of tenants with a quota.
 	quotas map[string]*quotaQueue
 	// snap is the policy snapshot the writer last adopted (syncPolicyLocked).
@@ -257,6 +270,8 @@ type scheme struct {
 	name  string
 	index int
 	d     *domain
+	// expectSeed keys this scheme's routing-time entries (expect.go).
+	expectSeed uint64
 	// scopes lists one scope per adapter; copy-on-write under mu.
 	scopes atomic.Pointer[[]*scope]
 	// serving is the immutable set of replicas holding at least one key in
@@ -322,6 +337,15 @@ type tenantState struct {
 	// the tenant's quota queue while it has a quota (writer only).
 	lfu   bool
 	quota *quotaQueue
+
+	// Cap eviction (writer only; see evictCapOneLocked). entries counts the
+	// tenant's storage entries (0 for the reserved tenant, which is outside
+	// the cap); capq is its cap queue; hidx and pidx are its positions in
+	// Engine.capHeap and Engine.spared, -1 when not in them. A tenant is in
+	// exactly one of them while its queue holds buckets.
+	entries    int64
+	capq       capQueue
+	hidx, sidx int
 }
 
 // New returns an empty index.
@@ -342,6 +366,11 @@ func New(cfg Config) *Engine {
 	e.load = cfg.Load
 	if e.load.Enabled {
 		e.load.normalize()
+		n := e.load.ExpectedBytes
+		if cfg.MaxBytes > 0 {
+			n = min(n, cfg.MaxBytes/8)
+		}
+		e.expect = newExpectTable(n)
 	}
 	if e.policies == nil {
 		e.policies = StaticPolicies(policy.Empty())
@@ -352,7 +381,6 @@ func New(cfg Config) *Engine {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	e.seed = binary.LittleEndian.Uint64(b[:])
-	e.capq.init()
 	// Scope slot 0 is never used, so a zero word never names a scope.
 	e.scopes = append(e.scopes, nil)
 	return e

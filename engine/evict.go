@@ -16,6 +16,16 @@ import (
 // first, then the oldest lastSeen, then the smallest key (tenant, model,
 // scheme, adapter, hash bytes), then the smallest replica id string.
 //
+// Fair share (a choice beyond the contract, engine/README.md): that order
+// is applied among the entries of the tenants over their fair share, so a
+// tenant that floods the index pays for its own flood instead of evicting
+// every other tenant. At the entry cap a tenant is over its share when it
+// holds more than MaxEntries / active tenants (tenants with at least one
+// entry, the reserved tenant excluded); under the byte budget, with fewer
+// entries than the cap, when it holds at least the average (entries /
+// active). Some tenant always is (the entries exceed the cap, or some
+// tenant holds at least the average), so there is always a victim.
+//
 // The seed system sorted the whole index under its lock to find victims.
 // Here every storage entry is filed, when it is written, in a bucket keyed
 // by (effective count, lastSeen); a binary heap orders the distinct bucket
@@ -87,21 +97,50 @@ type bucket[K comparable] struct {
 // bucketQueue is a min-heap of buckets keyed by K with a map for filing.
 // It is owned by the writer.
 type bucketQueue[K comparable] struct {
-	byKey   map[K]*bucket[K]
-	heap    []*bucket[K]
-	less    func(a, b K) bool
-	records int // records filed and not yet consumed, garbage included
-	recCap  int // sum of cap(recs), for memory accounting
+	byKey map[K]*bucket[K] // made by the first push
+	heap  []*bucket[K]
+	less  func(a, b K) bool
+	// records counts the records filed and not yet consumed, garbage
+	// included; recCap sums cap(recs), for memory accounting. Every change
+	// goes through count, which also adds it to shared when set (the
+	// tenants' cap queues share the engine's totals).
+	records, recCap int
+	shared          *queueAcct
 	// last is the bucket of the last push (nil after it is dropped).
 	last *bucket[K]
 }
 
-func (q *bucketQueue[K]) init(less func(a, b K) bool) {
-	q.byKey = map[K]*bucket[K]{}
-	q.less = less
+// queueAcct totals the records, record capacity and buckets of several
+// bucket queues (writer only).
+type queueAcct struct {
+	records, recCap, buckets int
 }
 
-func (q *bucketQueue[K]) push(k K, rec uint64) {
+// bytes is the memory the queues hold (records plus bucket overhead).
+func (a *queueAcct) bytes() int64 {
+	const perBucket = 64 + 48 + 8 // struct, map entry, heap slot
+	return int64(a.recCap)*8 + int64(a.buckets)*perBucket
+}
+
+func (q *bucketQueue[K]) init(less func(a, b K) bool, shared *queueAcct) {
+	q.less = less
+	q.shared = shared
+}
+
+// count adds to the queue's record, capacity and bucket counts.
+func (q *bucketQueue[K]) count(records, recCap, buckets int) {
+	q.records += records
+	q.recCap += recCap
+	if q.shared != nil {
+		q.shared.records += records
+		q.shared.recCap += recCap
+		q.shared.buckets += buckets
+	}
+}
+
+// push files rec under k. It reports whether k became the queue's minimum
+// bucket (a new bucket at the top of the heap).
+func (q *bucketQueue[K]) push(k K, rec uint64) (newMin bool) {
 	// The entries of one update share a key: reuse the last bucket without
 	// a map lookup.
 	b := q.last
@@ -109,19 +148,25 @@ func (q *bucketQueue[K]) push(k K, rec uint64) {
 		b = q.byKey[k]
 		q.last = b
 	}
+	buckets := 0
 	if b == nil {
+		if q.byKey == nil {
+			q.byKey = map[K]*bucket[K]{}
+		}
 		b = &bucket[K]{key: k}
 		q.byKey[k] = b
 		q.last = b
 		b.hidx = len(q.heap)
 		q.heap = append(q.heap, b)
 		q.up(b.hidx)
+		newMin = b.hidx == 0
+		buckets = 1
 	}
 	c := cap(b.recs)
 	b.recs = append(b.recs, rec)
-	q.recCap += cap(b.recs) - c
 	b.sorted = false
-	q.records++
+	q.count(1, cap(b.recs)-c, buckets)
+	return newMin
 }
 
 // min returns the minimum bucket or nil.
@@ -137,8 +182,7 @@ func (q *bucketQueue[K]) drop(b *bucket[K]) {
 	if q.last == b {
 		q.last = nil
 	}
-	q.records -= len(b.recs) - b.head
-	q.recCap -= cap(b.recs)
+	q.count(-(len(b.recs) - b.head), -cap(b.recs), -1)
 	delete(q.byKey, b.key)
 	i := b.hidx
 	last := len(q.heap) - 1
@@ -195,12 +239,12 @@ func (q *bucketQueue[K]) compact(keep func(k K, rec uint64) bool) {
 				out = append(out, r)
 			}
 		}
-		q.records -= len(b.recs) - b.head - len(out)
+		q.count(-(len(b.recs) - b.head - len(out)), 0, 0)
 		// Release memory of buckets that shrank a lot.
 		if cap(out) > 64 && len(out) < cap(out)/4 {
-			q.recCap -= cap(out)
+			c := cap(out)
 			out = slices.Clone(out)
-			q.recCap += cap(out)
+			q.count(0, cap(out)-c, 0)
 		}
 		clear(b.recs[len(out):])
 		b.recs, b.head, b.sorted = out, 0, false
@@ -212,28 +256,35 @@ func (q *bucketQueue[K]) compact(keep func(k K, rec uint64) bool) {
 
 // bytes is the queue's memory (records plus bucket overhead).
 func (q *bucketQueue[K]) bytes() int64 {
-	const perBucket = 64 + 48 + 8 // struct, map entry, heap slot
-	return int64(q.recCap)*8 + int64(len(q.byKey))*perBucket
+	a := queueAcct{recCap: q.recCap, buckets: len(q.byKey)}
+	return a.bytes()
 }
 
-// capQueue is the cap-eviction queue.
+// capQueue is one tenant's part of the cap-eviction queue: its storage
+// entries, by (effective count, lastSeen). The engine's totals are in
+// Engine.capAcct.
 type capQueue struct {
 	bucketQueue[capKey]
 }
 
-func (q *capQueue) init() { q.bucketQueue.init(capLess) }
-
 // fileCapLocked files holder h (replica rid of node off) under its current
-// effective count and lastSeen ts.
+// effective count and lastSeen ts, in its tenant's cap queue.
 func (e *Engine) fileCapLocked(sc *scope, off, h uint32, rid uint16, ts int64) {
 	if !e.capOn || sc.d.reserved {
 		return
 	}
+	t := sc.d.ts
 	var count uint32
-	if sc.d.ts.lfu {
+	if t.lfu {
 		count = e.w(h+hLFU) & lfuCountMask
 	}
-	e.capq.push(capKey{count, ts}, capRec(e.w(off+nGen), off, rid))
+	newMin := t.capq.push(capKey{count, ts}, capRec(e.w(off+nGen), off, rid))
+	switch {
+	case t.hidx < 0 && t.sidx < 0:
+		e.capHeapPushLocked(t) // its queue was empty
+	case newMin && t.hidx >= 0:
+		e.capHeapUpLocked(t.hidx)
+	}
 	e.maybeCompactCapLocked()
 }
 
@@ -265,20 +316,69 @@ func (e *Engine) capRecState(rec uint64, ts int64) (sc *scope, idx, count uint32
 // maybeCompactCapLocked drops stale records once they outnumber live ones.
 func (e *Engine) maybeCompactCapLocked() {
 	live := int(e.totalEntries.Load())
-	if e.capq.records < 2*live+4096 {
+	if e.capAcct.records < 2*live+4096 {
 		return
 	}
 	e.compactCapLocked()
 }
 
-// compactCapLocked drops every stale cap record, then releases the nodes
-// parked by a gen wrap: no record of a node that is not live survives it.
+// compactCapLocked drops every stale cap record from every tenant's queue,
+// then releases the nodes parked by a gen wrap: no record of a node that is
+// not live survives it. The tenant heaps are rebuilt (every tenant with
+// records back in capHeap: sparing is redone lazily).
 func (e *Engine) compactCapLocked() {
-	e.capq.compact(func(k capKey, rec uint64) bool {
+	keep := func(k capKey, rec uint64) bool {
 		_, _, _, ok := e.capRecState(rec, k.ts)
 		return ok
-	})
+	}
+	ts := e.capTenantsLocked()
+	for _, t := range ts {
+		t.capq.compact(keep)
+	}
+	e.rebuildCapHeapLocked(ts)
 	e.releaseWrappedLocked()
+}
+
+// capTenantsLocked lists the tenants whose cap queue holds buckets (those
+// in capHeap or spared), and empties both heaps.
+func (e *Engine) capTenantsLocked() []*tenantState {
+	ts := make([]*tenantState, 0, len(e.capHeap)+len(e.spared))
+	ts = append(append(ts, e.capHeap...), e.spared...)
+	for _, t := range ts {
+		t.hidx, t.sidx = -1, -1
+	}
+	clear(e.capHeap)
+	clear(e.spared)
+	e.capHeap, e.spared = e.capHeap[:0], e.spared[:0]
+	return ts
+}
+
+// rebuildCapHeapLocked puts the tenants of ts whose cap queue holds buckets
+// in capHeap, in heap order (the heaps are empty).
+func (e *Engine) rebuildCapHeapLocked(ts []*tenantState) {
+	for _, t := range ts {
+		if t.capq.min() != nil {
+			t.hidx = len(e.capHeap)
+			e.capHeap = append(e.capHeap, t)
+		}
+	}
+	for i := len(e.capHeap)/2 - 1; i >= 0; i-- {
+		e.capHeapDownLocked(i)
+	}
+}
+
+// discardCapQueueLocked drops a tenant's cap queue (its state is being
+// reclaimed: it holds no entry) and takes it off the heaps.
+func (e *Engine) discardCapQueueLocked(t *tenantState) {
+	for len(t.capq.heap) > 0 {
+		t.capq.drop(t.capq.heap[len(t.capq.heap)-1])
+	}
+	if t.hidx >= 0 {
+		e.capHeapRemoveLocked(t.hidx)
+	}
+	if t.sidx >= 0 {
+		e.sparedRemoveLocked(t.sidx)
+	}
 }
 
 // releaseWrappedLocked returns the parked nodes to the arena (only right
@@ -290,29 +390,41 @@ func (e *Engine) releaseWrappedLocked() {
 	e.wrapped = e.wrapped[:0]
 }
 
-// rebuildCapLocked refiles every live storage entry at its true key. It runs
-// when some tenant stopped using LFU, which lowers its entries' keys.
+// rebuildCapLocked refiles every live storage entry at its true key, in
+// its tenant's cap queue. It runs when the queue is first kept, and when
+// some tenant stopped using LFU, which lowers its entries' keys.
 func (e *Engine) rebuildCapLocked() {
-	e.capq = capQueue{}
-	e.capq.init()
+	e.capTenantsLocked()
+	e.capAcct = queueAcct{}
+	var ts []*tenantState
+	e.tenants.Range(func(_ string, t *tenantState) bool {
+		t.capq = capQueue{}
+		t.capq.init(capLess, &e.capAcct)
+		if !t.reserved {
+			ts = append(ts, t)
+		}
+		return true
+	})
 	e.releaseWrappedLocked()
 	for _, sc := range e.scopes[1:] {
 		if sc == nil || sc.d.reserved {
 			continue
 		}
+		t := sc.d.ts
 		e.forEachNodeLocked(sc, func(off uint32) {
 			meta := e.w(off + nMeta)
 			block := e.w(off + nHolders)
 			for i := uint32(0); i < metaCount(meta); i++ {
 				h := holderAt(block, i)
 				var count uint32
-				if sc.d.ts.lfu {
+				if t.lfu {
 					count = e.w(h+hLFU) & lfuCountMask
 				}
-				e.capq.push(capKey{count, e.holderTs(h)}, capRec(e.w(off+nGen), off, uint16(e.w(h+hRidTier))))
+				t.capq.push(capKey{count, e.holderTs(h)}, capRec(e.w(off+nGen), off, uint16(e.w(h+hRidTier))))
 			}
 		})
 	}
+	e.rebuildCapHeapLocked(ts)
 }
 
 // forEachNodeLocked calls fn for every live node of a scope, in table order.
@@ -361,10 +473,10 @@ func compareScopes(a, b *scope) int {
 	)
 }
 
-// prepareCapBucketLocked validates the unconsumed records of b, refiles
-// those whose count grew, and sorts the rest by (key, replica), dropping
-// duplicates of one holder.
-func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
+// prepareCapBucketLocked validates the unconsumed records of b (a bucket of
+// q), refiles those whose count grew, and sorts the rest by (key, replica),
+// dropping duplicates of one holder.
+func (e *Engine) prepareCapBucketLocked(q *capQueue, b *bucket[capKey]) {
 	recs, hb := e.sortScratch[:0], e.sortHashes[:0]
 	for _, r := range b.recs[b.head:] {
 		sc, _, count, ok := e.capRecState(r, b.key.ts)
@@ -372,7 +484,7 @@ func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
 			continue
 		}
 		if count > b.key.count {
-			e.capq.push(capKey{count, b.key.ts}, r)
+			q.push(capKey{count, b.key.ts}, r)
 			continue
 		}
 		_, off, rid := capRecParts(r)
@@ -381,7 +493,7 @@ func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
 		recs = append(recs, sortRec{rec: r, sc: sc, hk: hashKey(h), hash: h, replica: sc.d.replicaSlots()[rid].name})
 	}
 	sortRecs(recs, true)
-	e.capq.records -= len(b.recs) - b.head
+	consumed := len(b.recs) - b.head
 	out := b.recs[:0]
 	for i, r := range recs {
 		if i > 0 && recs[i-1].rec == r.rec {
@@ -389,7 +501,7 @@ func (e *Engine) prepareCapBucketLocked(b *bucket[capKey]) {
 		}
 		out = append(out, r.rec)
 	}
-	e.capq.records += len(out)
+	q.count(len(out)-consumed, 0, 0)
 	b.recs, b.head, b.sorted = out, 0, true
 	clear(recs)
 	e.sortScratch = recs[:0]
@@ -445,33 +557,71 @@ func (e *Engine) capDueLocked() bool {
 	return e.cfg.MaxBytes > 0 && e.indexBytesLocked() >= e.cfg.MaxBytes/4
 }
 
-// evictCapOneLocked evicts the single minimum storage entry. It reports
-// false when nothing is left to evict.
+// overShareLocked reports whether tenant t is over its fair share: at the
+// entry cap (more entries than MaxEntries), when it holds more than
+// MaxEntries / active tenants; otherwise (the byte budget), when it holds at
+// least the average, entries / active. Monotone in t.entries.
+func (e *Engine) overShareLocked(t *tenantState) bool {
+	total, active := e.totalEntries.Load(), int64(e.activeTenants)
+	if m := e.cfg.MaxEntries; m > 0 && total > m {
+		return t.entries*active > m
+	}
+	return t.entries*active >= total
+}
+
+// evictCapOneLocked evicts the single minimum storage entry, in the
+// contract's order, of the tenants over their fair share. It reports false
+// when nothing is left to evict.
+//
+// The tenants with cap records are in capHeap, ordered by their queue's
+// minimum bucket key and then tenant id, or spared: a tenant found at the
+// top of capHeap while not over its share is spared (a max-heap by
+// entries), and goes back to capHeap as soon as it is over again (its
+// entries grew, or the share shrank as tenants arrived or, under the byte
+// budget, as the index shrank): spared tenants at the top of their heap are
+// checked before every eviction, so a spared tenant is never over its
+// share when a victim is chosen. Every bucket key is a lower bound of its
+// records' true keys, so the first record that validates at its filed key
+// in the minimum bucket of the top tenant over its share is the exact
+// minimum among those tenants' entries (tenant ids break ties between
+// equal bucket keys, as the contract's key order does).
 func (e *Engine) evictCapOneLocked(snap *policy.Snapshot, now int64) bool {
 	for {
-		b := e.capq.min()
-		if b == nil {
+		for len(e.spared) > 0 && e.overShareLocked(e.spared[0]) {
+			t := e.spared[0]
+			e.sparedRemoveLocked(0)
+			e.capHeapPushLocked(t)
+		}
+		if len(e.capHeap) == 0 {
 			return false
 		}
+		t := e.capHeap[0]
+		if !e.overShareLocked(t) {
+			e.capHeapRemoveLocked(0)
+			e.sparedPushLocked(t)
+			continue
+		}
+		q := &t.capq
+		b := q.min()
 		if !b.sorted {
-			e.prepareCapBucketLocked(b)
+			e.prepareCapBucketLocked(q, b)
 		}
 		for b.head < len(b.recs) {
 			r := b.recs[b.head]
 			sc, idx, count, ok := e.capRecState(r, b.key.ts)
 			if !ok {
 				b.head++
-				e.capq.records--
+				q.count(-1, 0, 0)
 				continue
 			}
 			if count > b.key.count {
 				b.head++
-				e.capq.records--
-				e.capq.push(capKey{count, b.key.ts}, r)
+				q.count(-1, 0, 0)
+				q.push(capKey{count, b.key.ts}, r)
 				continue
 			}
 			b.head++
-			e.capq.records--
+			q.count(-1, 0, 0)
 			if b.head < len(b.recs) {
 				e.prefetchVictim(b.recs[b.head])
 			}
@@ -480,8 +630,141 @@ func (e *Engine) evictCapOneLocked(snap *policy.Snapshot, now int64) bool {
 			e.pending.addIndex(snap.Tenant(sc.d.tenant).Eviction, reasonCap, 1)
 			return true
 		}
-		e.capq.drop(b)
+		q.drop(b)
+		if q.min() == nil {
+			e.capHeapRemoveLocked(0)
+		} else {
+			e.capHeapDownLocked(0) // its minimum key rose
+		}
 	}
+}
+
+// capBefore orders capHeap: by the tenants' minimum bucket keys, then ids.
+func capBefore(a, b *tenantState) bool {
+	ka, kb := a.capq.min().key, b.capq.min().key
+	if ka != kb {
+		return capLess(ka, kb)
+	}
+	return a.id < b.id
+}
+
+func (e *Engine) capHeapSwapLocked(i, j int) {
+	h := e.capHeap
+	h[i], h[j] = h[j], h[i]
+	h[i].hidx, h[j].hidx = i, j
+}
+
+func (e *Engine) capHeapUpLocked(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !capBefore(e.capHeap[i], e.capHeap[p]) {
+			return
+		}
+		e.capHeapSwapLocked(i, p)
+		i = p
+	}
+}
+
+func (e *Engine) capHeapDownLocked(i int) {
+	n := len(e.capHeap)
+	for {
+		l, m := 2*i+1, i
+		if l < n && capBefore(e.capHeap[l], e.capHeap[m]) {
+			m = l
+		}
+		if r := l + 1; r < n && capBefore(e.capHeap[r], e.capHeap[m]) {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		e.capHeapSwapLocked(i, m)
+		i = m
+	}
+}
+
+// capHeapPushLocked adds t (its cap queue holds buckets) to capHeap.
+func (e *Engine) capHeapPushLocked(t *tenantState) {
+	t.hidx = len(e.capHeap)
+	e.capHeap = append(e.capHeap, t)
+	e.capHeapUpLocked(t.hidx)
+}
+
+// capHeapRemoveLocked takes the tenant at index i off capHeap.
+func (e *Engine) capHeapRemoveLocked(i int) {
+	t := e.capHeap[i]
+	last := len(e.capHeap) - 1
+	e.capHeapSwapLocked(i, last)
+	e.capHeap[last] = nil
+	e.capHeap = e.capHeap[:last]
+	t.hidx = -1
+	if i < last {
+		e.capHeapDownLocked(i)
+		e.capHeapUpLocked(i)
+	}
+}
+
+// sparedBefore orders the spared heap: the most entries first.
+func sparedBefore(a, b *tenantState) bool { return a.entries > b.entries }
+
+func (e *Engine) sparedSwapLocked(i, j int) {
+	p := e.spared
+	p[i], p[j] = p[j], p[i]
+	p[i].sidx, p[j].sidx = i, j
+}
+
+func (e *Engine) sparedUpLocked(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !sparedBefore(e.spared[i], e.spared[p]) {
+			return
+		}
+		e.sparedSwapLocked(i, p)
+		i = p
+	}
+}
+
+func (e *Engine) sparedDownLocked(i int) {
+	n := len(e.spared)
+	for {
+		l, m := 2*i+1, i
+		if l < n && sparedBefore(e.spared[l], e.spared[m]) {
+			m = l
+		}
+		if r := l + 1; r < n && sparedBefore(e.spared[r], e.spared[m]) {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		e.sparedSwapLocked(i, m)
+		i = m
+	}
+}
+
+func (e *Engine) sparedPushLocked(t *tenantState) {
+	t.sidx = len(e.spared)
+	e.spared = append(e.spared, t)
+	e.sparedUpLocked(t.sidx)
+}
+
+func (e *Engine) sparedRemoveLocked(i int) {
+	t := e.spared[i]
+	last := len(e.spared) - 1
+	e.sparedSwapLocked(i, last)
+	e.spared[last] = nil
+	e.spared = e.spared[:last]
+	t.sidx = -1
+	if i < last {
+		e.sparedDownLocked(i)
+		e.sparedUpLocked(i)
+	}
+}
+
+// sparedFixLocked restores the spared heap after t's entries changed.
+func (e *Engine) sparedFixLocked(t *tenantState) {
+	e.sparedDownLocked(t.sidx)
+	e.sparedUpLocked(t.sidx)
 }
 
 // prefetchVictim prefetches the memory that evicting record rec (most

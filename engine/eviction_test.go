@@ -43,11 +43,13 @@ func TestCapEvictionOrder(t *testing.T) {
 		wantHolders(t, e, "t/b:01", "t/a:01", "t/a:03")
 		put("t", "c", tT, 4) // tie at -2 min on key 01: replica "a" < "b" goes
 		wantHolders(t, e, "t/b:01", "t/a:03", "t/c:04")
-		put("s", "z", tT, 5) // tie broken by key: tenant "s" < "t" is not the issue, age is: b:01 goes
+		put("s", "z", tT, 5) // t (3) is over its fair share of 3/2, s (1) is not: t's oldest, b:01, goes
 		wantHolders(t, e, "t/a:03", "t/c:04", "s/z:05")
-		put("t", "c", tT, 2) // all at tT now: smallest key wins: tenant "s" first
-		wantHolders(t, e, "t/a:03", "t/c:04", "t/c:02")
-		if m.evictions[[2]string{"lru", "cap"}] != 4 {
+		put("s", "y", tT, 6) // both hold 2, over the share: all at tT, the smallest key wins: tenant "s" first
+		wantHolders(t, e, "t/a:03", "t/c:04", "s/y:06")
+		put("t", "c", tT, 2) // only t is over its share: its smallest key goes, not s's entry
+		wantHolders(t, e, "t/a:03", "t/c:04", "s/y:06")
+		if m.evictions[[2]string{"lru", "cap"}] != 5 {
 			t.Fatalf("cap evictions %v", m.evictions)
 		}
 	})
@@ -72,10 +74,11 @@ func TestCapEvictionOrder(t *testing.T) {
 		x.chainIn("cold", "m", "vllm", "", "a", tT, 0, 5)
 		// hot:01 has count 2; cold entries count 0: cold:03 (smallest key at tT) goes.
 		wantHolders(t, e, "hot/a:01", "cold/a:04", "cold/a:05")
-		// The tenant leaves LFU: its entry now counts 0 and is the oldest.
+		// The tenant leaves LFU: its entry now counts 0 and is the oldest
+		// (both tenants hold 2 entries, over the fair share of 3/2).
 		store.Apply(&policy.Body{Version: 7})
-		x.chainIn("cold", "m", "vllm", "", "a", tT, 0, 6)
-		wantHolders(t, e, "cold/a:04", "cold/a:05", "cold/a:06")
+		x.chainIn("hot", "m", "vllm", "", "a", tT, 0, 6)
+		wantHolders(t, e, "hot/a:06", "cold/a:04", "cold/a:05")
 		if m.evictions[[2]string{"lfu", "cap"}] != 1 || m.evictions[[2]string{"lru", "cap"}] != 2 {
 			t.Fatalf("cap evictions %v", m.evictions)
 		}

@@ -258,6 +258,9 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				res.Entries += n
 				if n > 0 {
 					r.noteStoredLocked(before, chainTokens(p.BlockTokenCounts[:n])/int32(n))
+					for _, h := range p.BlockHashes[:n] {
+						e.confirmStoredLocked(sch, r, h)
+					}
 				}
 				if !ok {
 					res.Dropped++
@@ -281,6 +284,7 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 				continue
 			}
 			res.Entries++
+			e.confirmStoredLocked(sch, r, p.PrefixHash)
 			// A legacy entry's own tokens: the step from its predecessor in
 			// the update, else the replica's last seen block size.
 			block := r.load.blockTokens

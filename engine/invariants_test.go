@@ -13,7 +13,7 @@ func checkInvariants(t *testing.T, e *Engine) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var entries, reserved, keys int64
-	tenantKeys := map[string]int64{}
+	tenantKeys, tenantEntries := map[string]int64{}, map[string]int64{}
 	modelKeys := map[string]int64{}
 	for _, sc := range e.scopes[1:] {
 		if sc == nil {
@@ -49,6 +49,7 @@ func checkInvariants(t *testing.T, e *Engine) {
 				entries += n
 				keys++
 				modelKeys[d.model]++
+				tenantEntries[d.tenant] += n
 			}
 			tenantKeys[d.tenant]++
 		})
@@ -66,6 +67,7 @@ func checkInvariants(t *testing.T, e *Engine) {
 		}
 		return true
 	})
+	checkCapState(t, e, tenantEntries)
 	for m, n := range e.modelKeys {
 		if n.n != modelKeys[m] {
 			t.Fatalf("model %q keys=%d, recount %d", m, n.n, modelKeys[m])
@@ -181,3 +183,58 @@ func checkStructure(t *testing.T, e *Engine) {
 }
 
 func TestInvariantsEmpty(t *testing.T) { checkInvariants(t, New(Config{})) }
+
+// checkCapState checks the cap eviction bookkeeping (under e.mu): each
+// tenant's entry count and the active tenant count against the recount,
+// the two tenant heaps (order, positions, membership: exactly the tenants
+// whose cap queue holds buckets, each in one of them) and the shared queue
+// totals. Whether a spared tenant is at or under its share is checked only
+// when a victim is chosen (sparing is lazy), so it is not checked here.
+func checkCapState(t *testing.T, e *Engine, tenantEntries map[string]int64) {
+	t.Helper()
+	active := 0
+	var acct queueAcct
+	e.tenants.Range(func(id string, ts *tenantState) bool {
+		if ts.entries != tenantEntries[id] {
+			t.Fatalf("tenant %q entries=%d, recount %d", id, ts.entries, tenantEntries[id])
+		}
+		if ts.entries > 0 {
+			active++
+		}
+		acct.records += ts.capq.records
+		acct.recCap += ts.capq.recCap
+		acct.buckets += len(ts.capq.byKey)
+		inHeap := ts.hidx >= 0 && ts.hidx < len(e.capHeap) && e.capHeap[ts.hidx] == ts
+		inSpared := ts.sidx >= 0 && ts.sidx < len(e.spared) && e.spared[ts.sidx] == ts
+		if (ts.hidx >= 0) != inHeap || (ts.sidx >= 0) != inSpared {
+			t.Fatalf("tenant %q heap positions %d/%d do not match the heaps", id, ts.hidx, ts.sidx)
+		}
+		has := ts.capq.min() != nil
+		if has != (inHeap || inSpared) || (inHeap && inSpared) {
+			t.Fatalf("tenant %q: queue holds buckets %v, in capHeap %v, spared %v", id, has, inHeap, inSpared)
+		}
+		if !e.capOn && (ts.capq.records != 0 || has) {
+			t.Fatalf("tenant %q has cap records before the queue is kept", id)
+		}
+		return true
+	})
+	if active != e.activeTenants {
+		t.Fatalf("active tenants %d, recount %d", e.activeTenants, active)
+	}
+	if acct != e.capAcct {
+		t.Fatalf("cap queue totals %+v, the tenants' queues sum to %+v", e.capAcct, acct)
+	}
+	if n := len(e.capHeap) + len(e.spared); n > 0 && !e.capOn {
+		t.Fatalf("%d tenants in the cap heaps before the queue is kept", n)
+	}
+	for i := 1; i < len(e.capHeap); i++ {
+		if capBefore(e.capHeap[i], e.capHeap[(i-1)/2]) {
+			t.Fatalf("capHeap out of order at %d", i)
+		}
+	}
+	for i := 1; i < len(e.spared); i++ {
+		if sparedBefore(e.spared[i], e.spared[(i-1)/2]) {
+			t.Fatalf("spared heap out of order at %d", i)
+		}
+	}
+}

@@ -36,6 +36,11 @@ import (
 //     and less loaded; a cached prefix counts in that decision only if it
 //     covers MinMatch of the prompt (Preble's exploit rule). The explore
 //     walk then takes the cheapest replica counting every cached token.
+//   - Weights: PrefillWeight on a replica whose cache is as full as the
+//     fullest, less by EvictionShare on one with room (the copy evicts
+//     nothing there); cached tokens at their tier's credit; tokens a
+//     followed answer sent to a replica and its KV events have not stored
+//     yet (routing-time entries, expect.go) at ExpectedCredit.
 
 // Load-aware routing defaults (docs/routing.md).
 const (
@@ -44,6 +49,7 @@ const (
 	DefaultLoadPrefillWeight = 16.0
 	DefaultLoadMinMatch      = 0.5
 	DefaultLoadMaxAge        = 5 * time.Second
+	DefaultEvictionShare     = 0.75
 )
 
 // LoadConfig configures load-aware routing. The zero value disables it.
@@ -71,12 +77,32 @@ type LoadConfig struct {
 	MinMatch float64
 	// MaxAge is how long a load report counts; an older one is unknown.
 	MaxAge time.Duration
+	// ExpectedBytes is the memory of the routing-time entries (expect.go),
+	// counted in the index's byte budget; 0 means DefaultExpectedBytes,
+	// negative none. With a byte budget (Config.MaxBytes) it is at most an
+	// eighth of it.
+	ExpectedBytes int64
+	// ExpectedTTL is the least time an unconfirmed routing-time entry
+	// lives; 0 means DefaultExpectedTTL.
+	ExpectedTTL time.Duration
+	// ExpectedCredit is what an expected token counts for against a stored
+	// one, in (0, 1]; 0 means DefaultExpectedCredit.
+	ExpectedCredit float64
+	// EvictionShare is the part of PrefillWeight that prices the copy's
+	// eviction of other prefixes, in [0, 1): on a replica with fraction f
+	// of the largest key count in its domain, one uncached token weighs
+	// PrefillWeight × (1 − EvictionShare × (1 − f)), so a replica with room
+	// in its cache is a cheaper place to keep new blocks. 0 weighs every
+	// replica the same.
+	EvictionShare float64
 }
 
 // DefaultLoadConfig returns load-aware routing on, with the defaults.
 func DefaultLoadConfig() LoadConfig {
 	return LoadConfig{Enabled: true, Bound: DefaultLoadBound, MinQueue: DefaultLoadMinQueue,
-		PrefillWeight: DefaultLoadPrefillWeight, MinMatch: DefaultLoadMinMatch, MaxAge: DefaultLoadMaxAge}
+		PrefillWeight: DefaultLoadPrefillWeight, MinMatch: DefaultLoadMinMatch, MaxAge: DefaultLoadMaxAge,
+		ExpectedBytes: DefaultExpectedBytes, ExpectedTTL: DefaultExpectedTTL, ExpectedCredit: DefaultExpectedCredit,
+		EvictionShare: DefaultEvictionShare}
 }
 
 func (c *LoadConfig) normalize() {
@@ -95,18 +121,18 @@ func (c *LoadConfig) normalize() {
 	if c.MaxAge <= 0 {
 		c.MaxAge = DefaultLoadMaxAge
 	}
-}
-
-// cost is a candidate's estimated time to first token in prefill-token
-// units: its queue plus PrefillWeight × the prompt tokens it would still
-// compute. matched × freshness is the expected cached part; below MinMatch
-// of the prompt it counts as nothing.
-func (c *LoadConfig) cost(queue, tokens float64, matched int32, fresh float32) float64 {
-	m := float64(matched) * float64(fresh)
-	if m < c.MinMatch*tokens {
-		m = 0
+	if c.ExpectedBytes == 0 {
+		c.ExpectedBytes = DefaultExpectedBytes
 	}
-	return queue + c.PrefillWeight*max(tokens-m, 0)
+	if c.ExpectedTTL <= 0 {
+		c.ExpectedTTL = DefaultExpectedTTL
+	}
+	if !(c.ExpectedCredit > 0 && c.ExpectedCredit <= 1) {
+		c.ExpectedCredit = DefaultExpectedCredit
+	}
+	if !(c.EvictionShare >= 0 && c.EvictionShare < 1) {
+		c.EvictionShare = DefaultEvictionShare
+	}
 }
 
 // LoadStats is the load part of a stats report. A report carries load when
@@ -268,12 +294,34 @@ type replicaLoad struct {
 	// reconciliation of live run under Engine.mu.
 	live, started, finished atomic.Int64
 
+	// peakKeys is the replica's recent high-water mark of keys held in the
+	// domain, taken at each load report and decaying by peakKeysDecay per
+	// report: how full its cache runs. The live key count dips while a
+	// prefill is in progress (the engine evicted for it, and stores its
+	// blocks only when it completes), which is not room. Written under
+	// Engine.mu, read by lookups.
+	peakKeys atomic.Int64
+
+	// speed is the replica's prefill speed as its KV events show it (tokens
+	// newly stored per µs between two load reports while it had requests
+	// in flight): how fast its queue drains. Written under Engine.mu, read
+	// by lookups.
+	speed ewma
+
 	// Writer state (Engine.mu): newHolders counts keys the replica newly
 	// came to hold, and blockTokens is its last seen block size, which
 	// prices a new legacy entry whose predecessor is not in the update.
 	newHolders  int64
 	blockTokens int32
 }
+
+// peakKeysDecay is how much of a replica's key high-water mark one load
+// report keeps: a dip of a few seconds' prefills is not room, a cleared
+// cache is room again within minutes.
+const peakKeysDecay = 0.995
+
+// speedWeight is the weight of one report interval in the prefill speed.
+const speedWeight = 0.1
 
 // maxRoutedTokens caps what one routed request adds to a replica's queue
 // estimate (the longest prompt a lookup resolves, rpc.MaxLookupTokens).
@@ -295,6 +343,13 @@ func (e *Engine) applyLoadLocked(d *domain, r *replica, ls LoadStats, scheme str
 	routed := r.load.routedTokens.Swap(0)
 	r.load.routedReqs.Store(0)
 	stored := r.load.stored.Swap(0)
+	if prev != nil && now > prev.at && (prev.Waiting > 0 || prev.Running > 0) && stored > 0 {
+		// The replica was busy since its previous report: what it stored
+		// meanwhile is what it prefilled.
+		r.load.speed.observe(float64(stored)/float64(now-prev.at), speedWeight)
+	}
+	keys := r.keys.Load()
+	r.load.peakKeys.Store(max(keys, int64(float64(r.load.peakKeys.Load())*peakKeysDecay)))
 	// So is every request a picker here started and ended before it.
 	started := r.load.started.Swap(0)
 	r.load.finished.Store(0)
@@ -380,10 +435,16 @@ type loadEntry struct {
 	// queue is the estimated prefill work ahead (tokens); inflight the
 	// requests in flight, both including what was routed since the report.
 	queue, inflight float64
+	// alpha is the weight of one uncached token there (PrefillWeight,
+	// less the eviction share its cache's room saves).
+	alpha float64
 	// cached is the request's expected cached tokens there (matched ×
 	// freshness; 0 when the replica holds none of its prefix), set by
-	// AdviseByLoad for the explore walk.
+	// AdviseByLoad for the explore walk, tier credits and expected tokens
+	// included.
 	cached float64
+	// expected is set when cached includes a routing-time entry.
+	expected bool
 }
 
 // loadView is a lookup's picture of a scheme's serving replicas' loads, in
@@ -398,14 +459,17 @@ type loadView struct {
 	// tokens is the request's prompt tokens (AdviseByLoad), for the explore
 	// walk's costs.
 	tokens float64
+	// expRid is the replica of a LoadExpected decision (hasExp).
+	expRid uint16
+	hasExp bool
 }
 
 // exploreCost is entry en's cost in the explore walk: queue plus the
 // weighted prompt tokens it would compute, every expected cached token
 // counted (Preble's explore step: the least loaded, counting what little
 // each replica caches).
-func (v *loadView) exploreCost(en *loadEntry, weight float64) float64 {
-	return en.queue + weight*max(v.tokens-en.cached, 0)
+func (v *loadView) exploreCost(en *loadEntry) float64 {
+	return en.queue + en.alpha*max(v.tokens-en.cached, 0)
 }
 
 func (v *loadView) entry(rid uint16) *loadEntry {
@@ -420,7 +484,7 @@ func (v *loadView) entry(rid uint16) *loadEntry {
 // for the domain, and at least one serving replica has a fresh load report.
 func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 	lv := &res.lv
-	lv.active = false
+	lv.active, lv.hasExp = false, false
 	lv.entries = lv.entries[:0]
 	d := res.d
 	if !e.load.Enabled || d == nil || sch == nil || !d.loadActive.Load() {
@@ -470,10 +534,19 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 	meanQ, meanN := sumQ/float64(known), sumN/float64(known)
 	bound := max(e.load.Bound*meanN+2*math.Sqrt(meanN), float64(e.load.MinQueue))
 	lv.qref = math.Inf(1)
+	var maxKeys int64
+	for i := range lv.entries {
+		maxKeys = max(maxKeys, lv.entries[i].r.occupancy())
+	}
 	for i := range lv.entries {
 		en := &lv.entries[i]
 		if !en.known {
 			en.queue, en.inflight = meanQ, meanN
+		}
+		en.alpha = e.load.PrefillWeight
+		if s := e.load.EvictionShare; s > 0 && maxKeys > 0 {
+			f := float64(min(en.r.occupancy(), maxKeys)) / float64(maxKeys)
+			en.alpha *= 1 - s*(1-f)
 		}
 		en.overloaded = en.inflight > bound
 		if !en.overloaded {
@@ -501,6 +574,9 @@ const (
 	// LoadExplore: no holder is worth its queue; the request should go
 	// where it is cheapest to compute cold (AffinityPick in AffinityExplore mode).
 	LoadExplore
+	// LoadExpected: the replica a routing-time entry expects the prompt on
+	// should get it (ExpectedPick); the answer is AFFINITY_HINT-shaped.
+	LoadExpected
 )
 
 // ContractPick is the first replica of the contract's answer: the top
@@ -520,7 +596,10 @@ func PickOfScore(s *Score) ContractPick { return ContractPick{Has: true, rid: s.
 // replica; tokens are the request's prompt tokens. It keeps the contract's
 // answer unless load-awareness is active and the pick is overloaded, or
 // another option has both a shorter queue and a lower cost (queue +
-// PrefillWeight × uncached tokens). It allocates nothing.
+// PrefillWeight × uncached tokens). A replica the request's chain is
+// expected on (routing-time entries, expect.go) counts its expected tokens
+// at ExpectedCredit, and stands in for the pick when it expects more of
+// the prompt than the pick holds. It allocates nothing.
 func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, pick ContractPick, tokens int64) LoadDecision {
 	if !pick.Has || res.d == nil {
 		return LoadKeep
@@ -533,53 +612,144 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	if cp == nil {
 		return LoadKeep
 	}
-	alpha, t := e.load.PrefillWeight, float64(tokens)
+	t := float64(tokens)
 	lv.tokens = t
-	for i := range res.Scores {
-		if en := lv.entry(res.Scores[i].rid); en != nil {
-			en.cached = float64(res.Scores[i].MatchedTokens) * float64(res.Scores[i].Prob)
-		}
-	}
-	// The contract pick's own cost (it may be the affinity pin, which
-	// holds nothing of the request).
-	pickCost := cp.queue + alpha*t
-	for i := range res.Scores {
-		if s := &res.Scores[i]; s.rid == pick.rid {
-			pickCost = e.load.cost(cp.queue, t, s.MatchedTokens, s.Prob)
-			break
-		}
-	}
-	// The options: every holder that is not overloaded, and computing the
-	// prompt cold on the least-loaded replica. The pick stands unless it is
-	// overloaded or some option, not only the cheapest, is both cheaper and
-	// has a shorter queue.
-	exploreCost := lv.qref + alpha*t
-	yield := cp.overloaded || (exploreCost < pickCost && lv.qref < cp.queue)
-	best, bestCost := -1, 0.0
+	maxRun := 0
 	for i := range res.Scores {
 		s := &res.Scores[i]
-		en := lv.entry(s.rid)
-		if en == nil || en.overloaded {
-			continue
+		if en := lv.entry(s.rid); en != nil {
+			en.cached = float64(s.MatchedTokens) * float64(s.Prob) * tierCredit(s.Tier)
 		}
-		c := e.load.cost(en.queue, t, s.MatchedTokens, s.Prob)
-		if c < pickCost && en.queue < cp.queue {
-			yield = true
-		}
-		if best < 0 || c < bestCost {
-			best, bestCost = i, c
+		maxRun = max(maxRun, int(s.run))
+	}
+	// The routing-time entry: the replica the chain was last sent to, if
+	// it expects more of the prompt than it stores.
+	var xp *loadEntry
+	if rid, blocks, ok := e.expectedMatch(res.sch, req.BlockHashes, maxRun, now); ok {
+		if en := lv.entry(rid); en != nil {
+			exp := float64(chainTokens64(req.BlockTokenCounts[:min(blocks, len(req.BlockTokenCounts))]))
+			if exp > en.cached {
+				en.cached += e.load.ExpectedCredit * (exp - en.cached)
+				en.expected = true
+				xp = en
+			}
 		}
 	}
+	// The pick the decision defends: the contract's, or the replica that
+	// expects more of the prompt than the contract's pick holds.
+	vp := cp
+	if xp != nil && xp.cached > cp.cached {
+		vp = xp
+	}
+	pickCost := lv.cost(&e.load, vp)
+	// The options: every holder that is not overloaded, the expected
+	// replica, and computing the prompt cold on the least-loaded replica.
+	// The pick stands unless it is overloaded or some option, not only the
+	// cheapest, is both cheaper and has a shorter queue.
+	// Computing cold: the cheapest replica that is not overloaded.
+	exploreCost := math.Inf(1)
+	for i := range lv.entries {
+		if en := &lv.entries[i]; !en.overloaded {
+			exploreCost = min(exploreCost, en.queue+en.alpha*t)
+		}
+	}
+	if math.IsInf(exploreCost, 1) {
+		exploreCost = lv.qref + e.load.PrefillWeight*t
+	}
+	yield := vp.overloaded || (exploreCost < pickCost && lv.qref < vp.queue)
+	var best *loadEntry
+	bestCost := 0.0
+	consider := func(en *loadEntry) {
+		if en == nil || en.overloaded {
+			return
+		}
+		c := lv.cost(&e.load, en)
+		if c < pickCost && en.queue < vp.queue {
+			yield = true
+		}
+		if best == nil || c < bestCost {
+			best, bestCost = en, c
+		}
+	}
+	for i := range res.Scores {
+		consider(lv.entry(res.Scores[i].rid))
+	}
+	if xp != nil && !xp.holder(res) {
+		consider(xp)
+	}
 	if !yield {
+		if vp != cp {
+			lv.expRid, lv.hasExp = vp.rid, true
+			return LoadExpected
+		}
 		return LoadKeep
 	}
 	// The answer is then the cheapest option: the re-ranked holders when
-	// the best of them beats computing cold, else the explore walk.
-	if best < 0 || bestCost >= exploreCost {
+	// the best of them beats computing cold, else the explore walk (which
+	// finds the expected replica when it is the cheapest).
+	if best == nil || bestCost >= exploreCost || !best.holder(res) {
 		return LoadExplore
 	}
 	e.rerankByLoad(res, t, exploreCost)
 	return LoadRerank
+}
+
+// tierCredit is what a token held in tier counts for (Dynamo's 1.0, 0.75
+// and 0.25 for device, host and remote memory): a block held only in
+// offload memory must be loaded back before it saves prefill.
+func tierCredit(t Tier) float64 {
+	switch t {
+	case TierT2:
+		return 0.75
+	case TierT3, tierUnknown, tierInvalid:
+		return 0.25
+	}
+	return 1
+}
+
+// chainTokens64 sums a chain's token counts in 64 bits.
+func chainTokens64(counts []int32) int64 {
+	var n int64
+	for _, c := range counts {
+		n += int64(max(c, 0))
+	}
+	return n
+}
+
+// cost is en's cost in the decision: queue + PrefillWeight × the prompt
+// tokens it would compute, its expected cached tokens counted only when
+// they cover MinMatch of the prompt.
+func (v *loadView) cost(c *LoadConfig, en *loadEntry) float64 {
+	m := en.cached
+	if m < c.MinMatch*v.tokens {
+		m = 0
+	}
+	return en.queue + en.alpha*max(v.tokens-m, 0)
+}
+
+// holder reports whether en is among res.Scores (it stores part of the
+// prompt).
+func (en *loadEntry) holder(res *LookupResult) bool {
+	for i := range res.Scores {
+		if res.Scores[i].rid == en.rid {
+			return true
+		}
+	}
+	return false
+}
+
+// ExpectedPick returns the replica AdviseByLoad chose for its routing-time
+// entry (LoadExpected): its name and pick.
+func (e *Engine) ExpectedPick(res *LookupResult) (string, ContractPick, bool) {
+	lv := &res.lv
+	if !lv.active || !lv.hasExp {
+		return "", ContractPick{}, false
+	}
+	en := lv.entry(lv.expRid)
+	if en == nil {
+		return "", ContractPick{}, false
+	}
+	return en.r.name, ContractPick{Has: true, rid: en.rid}, true
 }
 
 // rerankByLoad rescores res.Scores by their advantage over the explore
@@ -599,8 +769,7 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
 		s := &res.Scores[i]
 		adv := 0.0
 		if en := lv.entry(s.rid); en != nil && !en.overloaded {
-			cached := float64(s.MatchedTokens) * float64(s.Prob)
-			adv = exploreCost - (en.queue + e.load.PrefillWeight*max(tokens-cached, 0))
+			adv = exploreCost - (en.queue + en.alpha*max(tokens-en.cached, 0))
 		}
 		s.Score = float32(max(adv, 0))
 		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(rt.rank[s.rid])<<16|uint64(i))
@@ -629,6 +798,9 @@ const (
 	// loads and nothing cached the pick is the contract's, and an
 	// overloaded replica's keys move to the next replica in ring order.
 	AffinityExplore
+	// AffinityExpected is the replica AdviseByLoad chose for a routing-time
+	// entry (it returned LoadExpected), else the contract's pick.
+	AffinityExpected
 )
 
 // AffinityPick is AffinityHint with load awareness: it returns the chosen
@@ -648,20 +820,25 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 	if n == 0 {
 		return "", ContractPick{}, false
 	}
+	if mode == AffinityExpected && res != nil && res.d == d {
+		if name, pick, ok := e.ExpectedPick(res); ok {
+			return name, pick, true
+		}
+	}
 	sum := sha256.Sum256(seed)
 	start := int(binary.BigEndian.Uint64(sum[:8]) % uint64(n))
 	if mode == AffinityExplore && res != nil && res.lv.active && res.d == d {
-		lv, w := &res.lv, e.load.PrefillWeight
+		lv := &res.lv
 		least := math.Inf(1)
 		for i := range lv.entries {
 			if en := &lv.entries[i]; !en.overloaded {
-				least = min(least, lv.exploreCost(en, w))
+				least = min(least, lv.exploreCost(en))
 			}
 		}
 		for k := range n {
 			i := (start + k) % n
 			en := lv.entry(ss.byName[i])
-			if en == nil || (!en.overloaded && lv.exploreCost(en, w) <= least) {
+			if en == nil || (!en.overloaded && lv.exploreCost(en) <= least) {
 				return ss.names[i], ContractPick{Has: true, rid: ss.byName[i]}, true
 			}
 		}
@@ -671,7 +848,7 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 		best := -1
 		for i := range lv.entries {
 			en := &lv.entries[i]
-			if en.serving || en.overloaded || lv.exploreCost(en, w) > least {
+			if en.serving || en.overloaded || lv.exploreCost(en) > least {
 				continue
 			}
 			if best < 0 || en.r.name < lv.entries[best].r.name {
@@ -780,6 +957,10 @@ func (e *Engine) pickedReplica(tenant, model, replicaID string) *replica {
 	}
 	return d.table().find(replicaID)
 }
+
+// occupancy is how full the replica's cache runs, in keys: the live count
+// or the recent high-water mark, whichever is larger.
+func (r *replica) occupancy() int64 { return max(r.keys.Load(), r.load.peakKeys.Load()) }
 
 // liveNow is the picker's live count, never negative.
 func (l *replicaLoad) liveNow() int64 { return max(l.live.Load(), 0) }
@@ -914,6 +1095,12 @@ func (c *LoadConfig) Validate() error {
 		return fmt.Errorf("load min match %v: want 0..1", c.MinMatch)
 	case c.MaxAge <= 0:
 		return fmt.Errorf("load max age %v: want > 0", c.MaxAge)
+	case c.ExpectedTTL < 0:
+		return fmt.Errorf("expected-entry TTL %v: want >= 0", c.ExpectedTTL)
+	case !(c.ExpectedCredit >= 0 && c.ExpectedCredit <= 1):
+		return fmt.Errorf("expected-entry credit %v: want 0..1", c.ExpectedCredit)
+	case !(c.EvictionShare >= 0 && c.EvictionShare < 1):
+		return fmt.Errorf("eviction share %v: want [0, 1)", c.EvictionShare)
 	}
 	return nil
 }

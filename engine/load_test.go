@@ -15,6 +15,15 @@ import (
 // bound, the TTFT cost and its ranking, the explore walk, and exactness
 // whenever loads say nothing.
 
+// uniformLoadConfig is the default configuration with one prefill weight
+// for every replica (EvictionShare 0), for tests that pin costs by hand;
+// TestLoadEvictionShare covers the occupancy-scaled weight.
+func uniformLoadConfig() LoadConfig {
+	c := DefaultLoadConfig()
+	c.EvictionShare = 0
+	return c
+}
+
 func newLoadTix(t *testing.T, cfg LoadConfig) *tix {
 	store := policy.NewStore()
 	return &tix{t: t, e: New(Config{Policies: store, Load: cfg}), store: store}
@@ -54,6 +63,8 @@ func (x *tix) advise(req LookupRequest, now int64) (*LookupResult, LoadDecision,
 	switch d {
 	case LoadExplore:
 		pin, _, _ = x.e.AffinityPick(res, req.TenantID, req.ModelID, req.HashScheme, seed, AffinityExplore)
+	case LoadExpected:
+		pin, _, _ = x.e.AffinityPick(res, req.TenantID, req.ModelID, req.HashScheme, seed, AffinityExpected)
 	case LoadRerank:
 		pin = res.Scores[0].ReplicaID
 	case LoadKeep:
@@ -164,7 +175,7 @@ func TestLoadCostRanking(t *testing.T) {
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			x := newLoadTix(t, DefaultLoadConfig())
+			x := newLoadTix(t, uniformLoadConfig())
 			now := tT
 			// The request: 10 blocks of 16 tokens; c holds an unrelated key
 			// so that it serves the scheme.
@@ -550,7 +561,7 @@ func (x *tix) loadP(replica string, now int64, waiting, running int32, queued in
 // below a by the contract because of its pressure) has a longer queue than
 // the pick a, while d is cheaper than a and has a shorter queue.
 func TestLoadPickComparesEveryCheaperOption(t *testing.T) {
-	x := newLoadTix(t, DefaultLoadConfig())
+	x := newLoadTix(t, uniformLoadConfig())
 	now := tT
 	blocks := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 	x.chain("a", now, 0, blocks[:8]...)
@@ -901,5 +912,53 @@ func TestRequestStartedConcurrent(t *testing.T) {
 		if v := x.view(n, now); v.Live != 0 || v.InFlight != 3 {
 			t.Fatalf("%s after every request ended and a report: %+v", n, v)
 		}
+	}
+}
+
+// TestLoadEvictionShare: a replica with room in its cache (fewer keys than
+// the fullest replica) weighs uncached tokens less, by the eviction share:
+// here b's shorter match on a shorter queue wins only because b's cache is
+// nearly empty, while a's is full.
+func TestLoadEvictionShare(t *testing.T) {
+	for _, c := range []struct {
+		share float64
+		want  string
+	}{{0, "a"}, {DefaultEvictionShare, "b"}} {
+		cfg := DefaultLoadConfig()
+		cfg.EvictionShare = c.share
+		x := newLoadTix(t, cfg)
+		now := tT
+		blocks := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+		x.chain("a", now, 0, blocks[:8]...)
+		for k := range uint64(100) {
+			x.chain("a", now, 0, 1000+k)
+		}
+		x.chain("b", now, 0, blocks[:6]...)
+		now += 1000
+		// Uniform (α = 16): a 1000 + 16×32 = 1512, b 900 + 16×64 = 1924.
+		// Share 0.75: b's weight 16 × (1 − 0.75 × (1 − 6/108)) ≈ 4.67, so
+		// b costs about 1199.
+		x.load("a", now, 2, 2, 1000)
+		x.load("b", now, 2, 2, 900)
+		if _, d, pin := x.advise(chainReq(blocks...), now); pin != c.want {
+			t.Fatalf("share %v: decision %v to %q, want %q", c.share, d, pin, c.want)
+		}
+	}
+	// The live key count dips while a prefill runs (the engine evicted for
+	// it and stores its blocks when it completes): the high-water mark of
+	// the reports keeps the replica full.
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	for k := range uint64(100) {
+		x.chain("a", now, 0, k)
+	}
+	x.load("a", now, 0, 0, 0)
+	for k := range uint64(40) {
+		x.e.ApplyEvent(&Event{Type: EventPrefixEvicted, TenantID: "team", ModelID: "m", ReplicaID: "a", PrefixHash: h8(k), TimestampUs: now}, now)
+	}
+	x.load("a", now+1_000_000, 0, 0, 0)
+	r := x.e.lookupDomain("team", "m").table().find("a")
+	if got := r.occupancy(); got < 99 {
+		t.Fatalf("occupancy %d after a dip from 100 to 60 keys, want the high-water mark (~99.5)", got)
 	}
 }

@@ -10,7 +10,8 @@ type MemoryStats struct {
 	// ArenaSlabBytes is the memory the arena holds; ArenaLiveBytes is the
 	// part in live nodes, holder blocks and hash bytes.
 	ArenaSlabBytes, ArenaLiveBytes int64
-	// TableBytes is the scope hash tables.
+	// TableBytes is the scope hash tables and the routing-time entries
+	// (fixed at New, LoadConfig.ExpectedBytes).
 	TableBytes int64
 	// QueueBytes is the eviction queues (records and buckets).
 	QueueBytes int64
@@ -43,7 +44,7 @@ func (e *Engine) Memory() MemoryStats {
 	m := MemoryStats{
 		ArenaSlabBytes: int64(a.SlabBytes),
 		ArenaLiveBytes: int64(a.LiveBytes),
-		TableBytes:     e.tableBytes,
+		TableBytes:     e.tableBytes + e.expect.bytes(),
 		QueueBytes:     e.queueBytesLocked(),
 		OverheadBytes:  e.overheadBytesLocked(),
 		Entries:        e.totalEntries.Load(),
@@ -55,7 +56,7 @@ func (e *Engine) Memory() MemoryStats {
 }
 
 func (e *Engine) queueBytesLocked() int64 {
-	n := e.capq.bytes()
+	n := e.capAcct.bytes()
 	for _, q := range e.quotas {
 		n += q.bytes()
 	}
@@ -101,5 +102,5 @@ func (e *Engine) overheadBytesLocked() int64 {
 
 // indexBytesLocked is MemoryStats.IndexBytes, for the byte budget check.
 func (e *Engine) indexBytesLocked() int64 {
-	return int64(e.arena.Stats().LiveBytes) + e.tableBytes + e.queueBytesLocked()
+	return int64(e.arena.Stats().LiveBytes) + e.tableBytes + e.expect.bytes() + e.queueBytesLocked()
 }

@@ -27,7 +27,8 @@ func (e *Engine) tenantLocked(id string) *tenantState {
 	if t, ok := e.tenants.Load(id); ok {
 		return t
 	}
-	t := &tenantState{id: id, reserved: id == policy.ReservedTenantID}
+	t := &tenantState{id: id, reserved: id == policy.ReservedTenantID, hidx: -1, sidx: -1}
+	t.capq.init(capLess, &e.capAcct)
 	if e.snap != nil {
 		t.lfu = e.snap.Tenant(id).Eviction == policy.LFU
 	}
@@ -70,7 +71,7 @@ func (e *Engine) schemeLocked(d *domain, name string) *scheme {
 			index, i = index+1, -1
 		}
 	}
-	s := &scheme{name: name, index: index, d: d}
+	s := &scheme{name: name, index: index, d: d, expectSeed: expectSchemeSeed(d.tenant, d.model, name)}
 	s.serving.Store(&servingSet{})
 	next := append(slices.Clip(list), s)
 	d.schemes.Store(&next)
@@ -231,6 +232,16 @@ func (e *Engine) countHolderLocked(sc *scope, r *replica, delta int64) {
 		e.reservedEntries.Add(delta)
 	} else {
 		e.totalEntries.Add(delta)
+		t := sc.d.ts
+		switch t.entries += delta; {
+		case t.entries == delta && delta > 0:
+			e.activeTenants++
+		case t.entries == 0:
+			e.activeTenants--
+		}
+		if t.sidx >= 0 {
+			e.sparedFixLocked(t)
+		}
 	}
 	if r.keys.Add(delta) == 0 {
 		r.newest.Store(0)

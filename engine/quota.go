@@ -49,7 +49,7 @@ func (e *Engine) quotaRecState(rec uint64, maxTs int64) (sc *scope, ok bool) {
 // buildQuotaLocked creates the quota queue of a tenant from its current keys.
 func (e *Engine) buildQuotaLocked(tenant string) *quotaQueue {
 	q := &quotaQueue{tenant: tenant}
-	q.init(func(a, b int64) bool { return a < b })
+	q.init(func(a, b int64) bool { return a < b }, nil)
 	if t, ok := e.tenants.Load(tenant); ok {
 		for _, d := range t.models {
 			for _, sc := range e.scopesOf(d) {
@@ -97,7 +97,7 @@ func (e *Engine) enforceQuotaLocked(snap *policy.Snapshot, tenant string, now in
 		}
 		r := b.recs[b.head]
 		b.head++
-		q.records--
+		q.count(-1, 0, 0)
 		sc, ok := e.quotaRecState(r, b.key)
 		if !ok {
 			continue
@@ -123,7 +123,7 @@ func (e *Engine) prepareQuotaBucketLocked(q *quotaQueue, b *bucket[int64]) {
 		recs = append(recs, sortRec{rec: r, sc: sc, hk: hashKey(h), hash: h})
 	}
 	sortRecs(recs, false)
-	q.records -= len(b.recs) - b.head
+	consumed := len(b.recs) - b.head
 	out := b.recs[:0]
 	for i, r := range recs {
 		if i > 0 && recs[i-1].rec == r.rec {
@@ -131,7 +131,7 @@ func (e *Engine) prepareQuotaBucketLocked(q *quotaQueue, b *bucket[int64]) {
 		}
 		out = append(out, r.rec)
 	}
-	q.records += len(out)
+	q.count(len(out)-consumed, 0, 0)
 	b.recs, b.head, b.sorted = out, 0, true
 	clear(recs)
 	e.sortScratch = recs[:0]

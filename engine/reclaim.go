@@ -95,6 +95,7 @@ func (e *Engine) maybeReclaimDomainLocked(d *domain) bool {
 	if len(ts.models) == 0 {
 		ts.models = nil
 		e.tenants.Delete(ts.id)
+		e.discardCapQueueLocked(ts)
 	}
 	if d.mc.domains--; d.mc.domains == 0 {
 		delete(e.modelKeys, d.mc.model)

@@ -204,8 +204,12 @@ func (m *refModel) entries() (n int64) {
 	return n
 }
 
+// enforceCap evicts until the entries are within the cap, one entry at a
+// time: the first, in the contract's order (effective count, lastSeen,
+// key, replica), among the entries of the tenants over their fair share,
+// those holding more than maxEntries / active tenants (engine/README.md).
 func (m *refModel) enforceCap(snap *policy.Snapshot) {
-	if m.maxEntries <= 0 || m.entries() <= m.maxEntries {
+	if m.maxEntries <= 0 {
 		return
 	}
 	type cand struct {
@@ -214,29 +218,34 @@ func (m *refModel) enforceCap(snap *policy.Snapshot) {
 		count   uint32
 		ts      int64
 	}
-	var all []cand
-	for k, holders := range m.prefixes {
-		if k.tenant == policy.ReservedTenantID {
-			continue
-		}
-		lfu := snap.Tenant(k.tenant).Eviction == policy.LFU
-		for r, e := range holders {
-			c := cand{k: k, replica: r, ts: e.ts}
-			if lfu {
-				c.count = e.lfu
+	for m.entries() > m.maxEntries {
+		perTenant := map[string]int64{}
+		for k, holders := range m.prefixes {
+			if k.tenant != policy.ReservedTenantID {
+				perTenant[k.tenant] += int64(len(holders))
 			}
-			all = append(all, c)
 		}
-	}
-	sort.Slice(all, func(i, j int) bool {
-		a, b := all[i], all[j]
-		return cmp.Or(cmp.Compare(a.count, b.count), cmp.Compare(a.ts, b.ts),
-			cmp.Compare(a.k.tenant, b.k.tenant), cmp.Compare(a.k.model, b.k.model),
-			cmp.Compare(a.k.scheme, b.k.scheme), cmp.Compare(a.k.adapter, b.k.adapter),
-			cmp.Compare(a.k.hash, b.k.hash), cmp.Compare(a.replica, b.replica)) < 0
-	})
-	excess := m.entries() - m.maxEntries
-	for _, c := range all[:excess] {
+		active := int64(len(perTenant))
+		var all []cand
+		for k, holders := range m.prefixes {
+			if k.tenant == policy.ReservedTenantID || perTenant[k.tenant]*active <= m.maxEntries {
+				continue
+			}
+			lfu := snap.Tenant(k.tenant).Eviction == policy.LFU
+			for r, e := range holders {
+				c := cand{k: k, replica: r, ts: e.ts}
+				if lfu {
+					c.count = e.lfu
+				}
+				all = append(all, c)
+			}
+		}
+		c := slices.MinFunc(all, func(a, b cand) int {
+			return cmp.Or(cmp.Compare(a.count, b.count), cmp.Compare(a.ts, b.ts),
+				cmp.Compare(a.k.tenant, b.k.tenant), cmp.Compare(a.k.model, b.k.model),
+				cmp.Compare(a.k.scheme, b.k.scheme), cmp.Compare(a.k.adapter, b.k.adapter),
+				cmp.Compare(a.k.hash, b.k.hash), cmp.Compare(a.replica, b.replica))
+		})
 		m.remove(c.k, c.replica)
 		m.evictions[[2]string{snap.Tenant(c.k.tenant).Eviction.String(), "cap"}]++
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 	"github.com/inferencecache/inferencecache/server"
 )
 
@@ -137,8 +138,8 @@ func benchE2E(b *testing.B, viaZMQ bool) {
 			cancel()
 			<-done
 		})
-		dec := NewDecoder()
-		var batch Batch
+		dec := wire.NewDecoder()
+		var batch wire.Batch
 		run = func() {
 			for _, p := range payloads {
 				for fwd.Buffered() > DefaultMaxBuffered/2 {

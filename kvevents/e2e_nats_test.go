@@ -16,6 +16,7 @@ import (
 	"github.com/inferencecache/inferencecache/bus/bustest"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 	"github.com/inferencecache/inferencecache/server"
 )
@@ -32,8 +33,8 @@ type natsPipe struct {
 	idx     *Index
 	fwd     *Forwarder
 	proc    *Processor
-	dec     *Decoder
-	batch   Batch
+	dec     *wire.Decoder
+	batch   wire.Batch
 	enc     fakeengine.Encoding
 	metrics *Metrics
 	model   *chainModel
@@ -41,7 +42,7 @@ type natsPipe struct {
 
 func newPipe(t testing.TB, replica string, sink Sink, mut func(*ForwarderConfig)) *natsPipe {
 	t.Helper()
-	p := &natsPipe{idx: NewIndex(16, 0, nil), dec: NewDecoder(), enc: fakeengine.Encoding{Layout: fakeengine.LayoutMap},
+	p := &natsPipe{idx: NewIndex(16, 0, nil), dec: wire.NewDecoder(), enc: fakeengine.Encoding{Layout: fakeengine.LayoutMap},
 		metrics: NewMetrics(nil), model: newChainModel(nil)}
 	cfg := ForwarderConfig{ReplicaID: replica, ModelID: "m", TenantID: "t", HashScheme: "vllm", Metrics: p.metrics,
 		RPCTimeout: time.Second, MaxBackoff: 50 * time.Millisecond}

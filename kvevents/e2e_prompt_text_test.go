@@ -61,7 +61,7 @@ func TestE2EPromptTextMatchesEngineTokens(t *testing.T) {
 			}
 			f.publish(t, m, fakeengine.Batch{TS: float64(time.Now().UnixMicro()) / 1e6, Events: []fakeengine.Event{ev}})
 
-			resp, err := srv.cli.LookupRoute(testCtx(t, 30*time.Second), &icv1.LookupRouteRequest{
+			resp, err := srv.cli.LookupRoute(testCtx(t, promptTextE2ETimeout), &icv1.LookupRouteRequest{
 				TenantId: "t", ModelId: "m", HashScheme: "vllm", PromptText: prompt,
 			})
 			if err != nil {

@@ -174,13 +174,19 @@ type op struct {
 	stats    *icv1.ReplicaStats
 	// done counts the evictions already delivered (opEvict progress).
 	done int
-	// snapshot ops come from a resync; they are bounded by the index and
-	// not counted against MaxBuffered.
+	// snapshot ops carry (a chunk of) a whole-index re-report: a resync's,
+	// a re-report's or a sync's. Each new one supersedes the chunks of the
+	// previous one still queued (supersedeSnapshotsLocked), so together
+	// they hold at most one copy of the index and are not counted against
+	// MaxBuffered.
 	snapshot bool
+	// skip marks an op superseded while it may be in flight (queue[0]):
+	// it is dropped, not delivered, when it is next at the front.
+	skip bool
 }
 
 func (o *op) size() int {
-	if o.snapshot {
+	if o.snapshot || o.skip {
 		return 0
 	}
 	if len(o.prefixes) > 0 {
@@ -218,6 +224,14 @@ type Forwarder struct {
 	// gen changes whenever queue is dropped, so the Run goroutine knows an
 	// op it delivered is no longer queue[0].
 	gen uint64
+	// pushed counts the ops ever appended at the back of queue; statsAt
+	// is pushed's value before the opStats still queued (hasStats) was
+	// appended, so that op sits at len(queue)-(pushed-statsAt): appends at
+	// the back move it away from the end, nothing else does (pops and
+	// re-reports work at the front). Stats replaces its content instead of
+	// queueing another snapshot of the engine's load.
+	pushed, statsAt uint64
+	hasStats        bool
 	// idle is closed and replaced when queue and pending become empty;
 	// Flush waits on it.
 	idle chan struct{}
@@ -329,21 +343,55 @@ func (f *Forwarder) AllCleared(tsUS int64) {
 	if f.resync {
 		return
 	}
-	f.buffered -= len(f.pending)
-	f.pending, f.pendingTS = nil, 0
-	f.pushLocked(op{kind: opClear, tsUS: tsUS})
+	f.pushClearLocked(tsUS)
 	f.checkOverflowLocked()
 }
 
-// Stats queues a stats-only update.
+// pushClearLocked discards the pending adds and the stats still queued
+// (the server deletes the replica's stats with ALL_CLEARED: the next stats
+// go behind it) and queues ALL_CLEARED.
+func (f *Forwarder) pushClearLocked(tsUS int64) {
+	f.buffered -= len(f.pending)
+	f.pending, f.pendingTS = nil, 0
+	if i := f.queuedStatsLocked(); i >= 0 {
+		f.buffered -= f.queue[i].size()
+		f.queue[i].skip = true
+		f.hasStats = false
+	}
+	f.pushLocked(op{kind: opClear, tsUS: tsUS})
+}
+
+// Stats queues a stats-only update. Stats are snapshots of the engine's
+// load: when one is still queued (the server is slow or down), s replaces
+// it in place, so an outage holds one, and the server gets the newest
+// rather than a backlog of stale load.
 func (f *Forwarder) Stats(s *icv1.ReplicaStats, tsUS int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.resync {
 		return
 	}
+	if i := f.queuedStatsLocked(); i >= 0 {
+		f.queue[i].stats, f.queue[i].tsUS = s, tsUS
+		return
+	}
 	f.pushLocked(op{kind: opStats, stats: s, tsUS: tsUS})
+	f.statsAt, f.hasStats = f.pushed-1, true
 	f.checkOverflowLocked()
+}
+
+// queuedStatsLocked returns the index in queue of the opStats still queued,
+// or -1.
+func (f *Forwarder) queuedStatsLocked() int {
+	if !f.hasStats {
+		return -1
+	}
+	i := len(f.queue) - int(f.pushed-f.statsAt)
+	if i < 0 || f.queue[i].kind != opStats || f.queue[i].skip {
+		f.hasStats = false // delivered (popped) meanwhile
+		return -1
+	}
+	return i
 }
 
 // QueueSync queues, behind everything queued so far, the outcome of a
@@ -351,11 +399,14 @@ func (f *Forwarder) Stats(s *icv1.ReplicaStats, tsUS int64) {
 // the engine cleared its cache within the replayed batches (pending adds are
 // discarded), else the pending adds sealed first; then the T2 demotions and
 // the evictions of blocks the index no longer holds; then held, the whole
-// index, stamped tsUS. These ops are bounded by the replay and the index, so
-// they do not count against MaxBuffered. The caller must not change the
-// index between reading held and this call (the subscriber's goroutine, the
-// index's only writer, does both). Nothing is queued while a resync is
-// pending: its own re-report of the index covers it.
+// index, stamped tsUS. The demotions and evictions count against
+// MaxBuffered like live ones (syncs during an outage add up); held
+// supersedes every earlier whole-index re-report still queued, so it is
+// not counted: the queue holds at most one copy of the index. The caller
+// must not change the index between reading held and this call (the
+// subscriber's goroutine, the index's only writer, does both). Nothing is
+// queued while a resync is pending: its own re-report of the index covers
+// it.
 func (f *Forwarder) QueueSync(cleared bool, evicted, demoted, held []Prefix, tsUS int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -363,29 +414,60 @@ func (f *Forwarder) QueueSync(cleared bool, evicted, demoted, held []Prefix, tsU
 		return
 	}
 	if cleared {
-		f.buffered -= len(f.pending)
-		f.pending, f.pendingTS = nil, 0
-		f.pushLocked(op{kind: opClear, tsUS: tsUS})
+		f.pushClearLocked(tsUS)
 	} else {
 		f.sealLocked()
 	}
-	f.pushChunksLocked(demoted, TierT2, tsUS)
+	f.pushChunksLocked(demoted, TierT2, tsUS, false)
 	if len(evicted) > 0 {
-		f.pushLocked(op{kind: opEvict, prefixes: clonePrefixes(evicted, 0), tsUS: tsUS, snapshot: true})
+		f.pushLocked(op{kind: opEvict, prefixes: clonePrefixes(evicted, 0), tsUS: tsUS})
 	}
-	f.pushChunksLocked(held, 0, tsUS)
+	f.supersedeSnapshotsLocked()
+	f.pushChunksLocked(held, 0, tsUS, true)
 	f.cfg.Metrics.rereport(RereportSync)
 	f.checkOverflowLocked()
 }
 
-// pushChunksLocked queues ps as snapshot report ops of at most MaxPending
-// entries (tier overrides each entry's when non-zero).
-func (f *Forwarder) pushChunksLocked(ps []Prefix, tier Tier, tsUS int64) {
+// pushChunksLocked queues ps as report ops of at most MaxPending entries
+// (tier overrides each entry's when non-zero); snapshot marks them as a
+// whole-index re-report.
+func (f *Forwarder) pushChunksLocked(ps []Prefix, tier Tier, tsUS int64, snapshot bool) {
 	for len(ps) > 0 {
 		n := min(len(ps), f.cfg.MaxPending)
-		f.pushLocked(op{kind: opReport, prefixes: clonePrefixes(ps[:n], tier), tsUS: tsUS, snapshot: true})
+		f.pushLocked(op{kind: opReport, prefixes: clonePrefixes(ps[:n], tier), tsUS: tsUS, snapshot: snapshot})
 		ps = ps[n:]
 	}
+}
+
+// supersedeSnapshotsLocked drops the queued chunks of earlier whole-index
+// re-reports: the one about to be queued states every block they state, at
+// a newer state. Dropping them is safe wherever the new one goes: a
+// change made between the two is queued between them (or is in the new
+// one), so the server's last write per block stays the newest. queue[0],
+// which may be in flight, is only marked skip; the others are removed.
+func (f *Forwarder) supersedeSnapshotsLocked() {
+	stats := f.queuedStatsLocked()
+	statsOp := -1 // its index after the removal
+	kept := f.queue[:0]
+	for i := range f.queue {
+		o := f.queue[i]
+		switch {
+		case o.snapshot && i == 0:
+			o.skip, o.prefixes = true, nil
+		case o.snapshot:
+			continue
+		}
+		if i == stats {
+			statsOp = len(kept)
+		}
+		kept = append(kept, o)
+	}
+	clear(f.queue[len(kept):]) // let the removed chunks go
+	f.queue = kept
+	if statsOp >= 0 {
+		f.statsAt = f.pushed - uint64(len(kept)-statsOp)
+	}
+	f.signalIdleLocked()
 }
 
 // Rereport asks for the whole positional index to be re-reported, stamped
@@ -426,6 +508,7 @@ func clonePrefixes(ps []Prefix, tier Tier) []Prefix {
 
 func (f *Forwarder) pushLocked(o op) {
 	f.queue = append(f.queue, o)
+	f.pushed++
 	f.buffered += o.size()
 	f.kick()
 }
@@ -459,6 +542,7 @@ func (f *Forwarder) checkOverflowLocked() {
 func (f *Forwarder) dropAllLocked() {
 	f.pending, f.pendingTS = nil, 0
 	f.queue = nil
+	f.hasStats = false
 	f.buffered = 0
 	f.gen++
 	f.cfg.Metrics.setBuffered(0)
@@ -562,6 +646,9 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 		f.doRereport(why)
 		return true, true
 	}
+	for len(f.queue) > 0 && f.queue[0].skip {
+		f.popLocked()
+	}
 	if len(f.queue) == 0 {
 		f.mu.Unlock()
 		return true, false
@@ -577,6 +664,9 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 	if f.gen != gen {
 		return err == nil, true // the queue was dropped while we sent
 	}
+	if err == nil && o.kind == opStats && !f.queue[0].skip && f.queue[0].stats != o.stats {
+		return true, true // newer stats replaced these meanwhile: send those too
+	}
 	if err != nil && !refused(err) {
 		if o.kind == opEvict {
 			if !o.snapshot { // snapshot ops never counted in buffered
@@ -590,8 +680,14 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 		// The server refused the content itself (an id over its limit):
 		// retrying would block the replica behind it forever. Drop the op,
 		// counted in forward_errors_total and logged.
-		f.cfg.Logger.Warn("server refused a forwarded update; dropping it", "err", err)
+		refusedForwardLog.Warn(context.Background(), f.cfg.Logger, "server refused a forwarded update; dropping it", "err", err)
 	}
+	f.popLocked()
+	return true, len(f.queue) > 0
+}
+
+// popLocked removes queue[0] (delivered, refused or skipped).
+func (f *Forwarder) popLocked() {
 	f.buffered -= f.queue[0].size()
 	f.queue[0] = op{}
 	f.queue = f.queue[1:]
@@ -600,7 +696,6 @@ func (f *Forwarder) deliverOne(ctx context.Context) (ok, more bool) {
 	}
 	f.cfg.Metrics.setBuffered(f.buffered)
 	f.signalIdleLocked()
-	return true, len(f.queue) > 0
 }
 
 // doResync delivers ALL_CLEARED for the replica and then queues the
@@ -629,6 +724,7 @@ func (f *Forwarder) doResync(ctx context.Context) bool {
 	blocks := len(snap)
 	ops := f.snapshotOps(snap, now)
 	f.mu.Lock()
+	f.supersedeSnapshotsLocked()
 	f.queue = append(ops, f.queue...)
 	f.signalIdleLocked() // Flush waits for the end of the resync too
 	f.mu.Unlock()
@@ -668,6 +764,7 @@ func (f *Forwarder) doRereport(reason string) {
 	blocks := len(snap)
 	ops := f.snapshotOps(snap, now)
 	f.mu.Lock()
+	f.supersedeSnapshotsLocked()
 	f.queue = append(ops, f.queue...)
 	f.mu.Unlock()
 	f.ref.active = false

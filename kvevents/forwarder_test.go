@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -209,7 +210,7 @@ func processorFixture(t *testing.T, l2 bool) (*recSink, *Forwarder, *Processor, 
 	idx := NewIndex(16, 0, nil)
 	f := NewForwarder(baseConfig(), s, idx)
 	p := NewProcessor(idx, f, l2, nil, nil)
-	b := &Batch{TS: 1.5, Events: []Event{*stored([]uint64{1, 2, 3}, nil, toks(48, 0), 16)}}
+	b := &wire.Batch{TS: 1.5, Events: []wire.Event{*stored([]uint64{1, 2, 3}, nil, toks(48, 0), 16)}}
 	p.Apply(b)
 	snap := idx.AppendSnapshot(nil)
 	keys := []uint64{snap[2].Key, snap[1].Key, snap[0].Key} // MRU first → chain order
@@ -218,7 +219,7 @@ func processorFixture(t *testing.T, l2 bool) (*recSink, *Forwarder, *Processor, 
 
 func TestForwarderRemovalWithoutL2(t *testing.T) {
 	s, f, p, keys := processorFixture(t, false)
-	p.Apply(&Batch{TS: 2, Events: []Event{{Kind: KindBlockRemoved, BlockHashes: []uint64{3, 2}}}})
+	p.Apply(&wire.Batch{TS: 2, Events: []wire.Event{{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{3, 2}}}})
 	startForwarder(t, f)
 	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -235,7 +236,7 @@ func TestForwarderRemovalWithoutL2(t *testing.T) {
 
 func TestForwarderRemovalWithL2(t *testing.T) {
 	s, f, p, keys := processorFixture(t, true)
-	p.Apply(&Batch{TS: 2, Events: []Event{{Kind: KindBlockRemoved, BlockHashes: []uint64{3}}}})
+	p.Apply(&wire.Batch{TS: 2, Events: []wire.Event{{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{3}}}})
 	startForwarder(t, f)
 	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -251,7 +252,7 @@ func TestForwarderRemovalWithL2(t *testing.T) {
 
 func TestForwarderAllBlocksClearedDiscardsPending(t *testing.T) {
 	s, f, p, _ := processorFixture(t, false)
-	p.Apply(&Batch{TS: 3, Events: []Event{{Kind: KindAllBlocksCleared}}})
+	p.Apply(&wire.Batch{TS: 3, Events: []wire.Event{{Kind: wire.KindAllBlocksCleared}}})
 	startForwarder(t, f)
 	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -322,13 +323,13 @@ func TestForwarderOverflowClearsAndResyncs(t *testing.T) {
 
 	// Five 2-block chains = 10 adds > 8 while the server is down.
 	for i := range 5 {
-		p.Apply(&Batch{TS: float64(i + 1), Events: []Event{*stored([]uint64{uint64(10 * i), uint64(10*i + 1)}, nil, toks(32, uint32(100*i)), 16)}})
+		p.Apply(&wire.Batch{TS: float64(i + 1), Events: []wire.Event{*stored([]uint64{uint64(10 * i), uint64(10*i + 1)}, nil, toks(32, uint32(100*i)), 16)}})
 	}
 	if !f.Resyncing() || f.Buffered() != 0 {
 		t.Fatalf("resyncing %v buffered %d", f.Resyncing(), f.Buffered())
 	}
 	// Work after the overflow is dropped too; the index keeps it.
-	p.Apply(&Batch{TS: 9, Events: []Event{{Kind: KindBlockRemoved, BlockHashes: []uint64{0, 1}}}})
+	p.Apply(&wire.Batch{TS: 9, Events: []wire.Event{{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{0, 1}}}})
 	if f.Buffered() != 0 || idx.Len() != 8 {
 		t.Fatalf("buffered %d index %d", f.Buffered(), idx.Len())
 	}
@@ -367,7 +368,7 @@ func TestForwarderOverflowClearsAndResyncs(t *testing.T) {
 	}
 
 	// After the resync, work flows normally again.
-	p.Apply(&Batch{TS: 10, Events: []Event{{Kind: KindAllBlocksCleared}}})
+	p.Apply(&wire.Batch{TS: 10, Events: []wire.Event{{Kind: wire.KindAllBlocksCleared}}})
 	if err := f.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -4,85 +4,77 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
-var rewrite = flag.Bool("rewrite", false, "regenerate the seeds under testdata/fuzz (FuzzDecode, FuzzDecodeState)")
+var rewrite = flag.Bool("rewrite", false, "regenerate the seeds under testdata/fuzz (FuzzApply, FuzzDecodeState, FuzzZMTPLimiter)")
 
-// fuzzSeeds are the kept seed corpus: both event layouts, both envelopes,
-// int and byte hashes, unknown events and fields, and broken inputs.
-func fuzzSeeds(t testing.TB) map[string][]byte {
-	seeds := map[string][]byte{
-		"array_batch_array_events": benchPayload(t, 2, 2, false),
-		"array_batch_map_events":   benchPayload(t, 2, 2, true),
-		"map_batch": newMP(t).mapn(3).str("ts").f(1).str("events").arr(2).
-			arr(3).str("BlockRemoved").ints(1, 2).str("CPU").
-			mapn(1).str("type").str("AllBlocksCleared").
-			str("data_parallel_rank").u(0).bytes(),
-		"byte_hashes": newMP(t).arr(2).f(0).arr(1).arr(5).str("BlockStored").
-			arr(1).bin([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9}).bin([]byte{9, 9}).ints(seqTokens(16, 0)...).u(16).bytes(),
-		"negative_hash_lora": newMP(t).arr(2).f(0).arr(1).arr(7).str("BlockStored").
-			arr(1).i(-42).null().ints(seqTokens(16, 3)...).u(16).u(1).null().bytes(),
-		"unknown_event": newMP(t).arr(2).f(0).arr(2).arr(2).str("Nope").arr(1).arr(0).
-			mapn(2).str("type").u(7).str("x").mapn(1).str("y").null().bytes(),
-		"truncated":   benchPayload(t, 1, 1, false)[:20],
-		"not_a_batch": []byte{0xc1, 0x00},
+// wireSeedDir holds wire's FuzzDecode corpus, which FuzzApply shares.
+var wireSeedDir = filepath.Join("wire", "testdata", "fuzz", "FuzzDecode")
+
+// applySeeds reads wire's FuzzDecode seed corpus ("go test fuzz v1" files
+// of one []byte each).
+func applySeeds(t testing.TB) map[string][]byte {
+	entries, err := os.ReadDir(wireSeedDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seeds := map[string][]byte{}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(wireSeedDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		if len(lines) != 2 || lines[0] != "go test fuzz v1" || !strings.HasPrefix(lines[1], "[]byte(") {
+			t.Fatalf("%s: not a one-[]byte fuzz seed", e.Name())
+		}
+		p, err := strconv.Unquote(strings.TrimSuffix(strings.TrimPrefix(lines[1], "[]byte("), ")"))
+		if err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		seeds[e.Name()] = []byte(p)
 	}
 	return seeds
 }
 
-// FuzzDecode: no input may panic the decoder or the stages behind it, and
-// a successful decode is reproducible with a reused Batch.
-func FuzzDecode(f *testing.F) {
+// FuzzApply: whatever the engine wire format decodes, the stages behind it
+// (positional index, processor, forwarder) take without panicking. Seeds:
+// wire's FuzzDecode corpus, copied into testdata/fuzz/FuzzApply by
+// -rewrite.
+func FuzzApply(f *testing.F) {
 	if *rewrite {
-		dir := filepath.Join("testdata", "fuzz", "FuzzDecode")
+		dir := filepath.Join("testdata", "fuzz", "FuzzApply")
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			f.Fatal(err)
 		}
-		for name, p := range fuzzSeeds(f) {
+		for name, p := range applySeeds(f) {
 			body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", p)
-			if err := os.WriteFile(filepath.Join(dir, "seed_"+name), []byte(body), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 				f.Fatal(err)
 			}
 		}
 	}
-	for _, p := range fuzzSeeds(f) {
+	for _, p := range applySeeds(f) {
 		f.Add(p)
 	}
-	d1, d2 := NewDecoder(), NewDecoder()
-	var b1, b2 Batch
+	d := wire.NewDecoder()
+	var b wire.Batch
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		err := d1.Decode(payload, &b1)
-		if err != nil {
-			if DecodeReason(err) == "other" {
-				t.Fatalf("error without a reason: %v", err)
-			}
+		if err := d.Decode(payload, &b); err != nil {
 			return
 		}
-		// Decode again into a batch that held something else.
-		_ = d2.Decode([]byte{0x92, 0x01, 0x91, 0x91, 0xa1, 'x'}, &b2)
-		if err := d2.Decode(payload, &b2); err != nil {
-			t.Fatalf("second decode failed: %v", err)
-		}
-		if (b1.TS != b2.TS && !(math.IsNaN(b1.TS) && math.IsNaN(b2.TS))) || len(b1.Events) != len(b2.Events) {
-			t.Fatalf("decodes differ: %+v vs %+v", b1, b2)
-		}
-		for i := range b1.Events {
-			e1, e2 := &b1.Events[i], &b2.Events[i]
-			if e1.Kind != e2.Kind || !slices.Equal(e1.BlockHashes, e2.BlockHashes) || !slices.Equal(e1.TokenIDs, e2.TokenIDs) ||
-				string(e1.LoRAName) != string(e2.LoRAName) || string(e1.Medium) != string(e2.Medium) {
-				t.Fatalf("event %d differs: %+v vs %+v", i, e1, e2)
-			}
-		}
-		// The rest of the pipeline must take whatever decodes.
 		idx := NewIndex(16, 64, map[int64]string{1: "a"})
 		fwd := NewForwarder(ForwarderConfig{ReplicaID: "r", MaxBuffered: 1 << 20}, &recSink{}, idx)
-		NewProcessor(idx, fwd, len(payload)%2 == 0, nil, nil).Apply(&b1)
+		NewProcessor(idx, fwd, len(payload)%2 == 0, nil, nil).Apply(&b)
 	})
 }
 

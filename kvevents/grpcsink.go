@@ -144,7 +144,7 @@ func (s *GRPCSink) ServerInstance() string {
 // message would be refused again, so it is not retried.
 func (s *GRPCSink) checkAck(rpc string, ack *icv1.Ack) {
 	if !ack.GetAccepted() {
-		s.log.Warn("server refused an update; not retrying", "rpc", rpc, "reason", ack.GetReasonCode())
+		refusedAckLog.Warn(context.Background(), s.log, "server refused an update; not retrying", "rpc", rpc, "reason", ack.GetReasonCode())
 	}
 }
 

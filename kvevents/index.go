@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 // Tier mirrors the wire CacheTier values the subscriber emits.
@@ -160,7 +161,7 @@ func (x *Index) Clear() {
 // adapterLocked resolves the LoRA partition of a BlockStored: lora_name
 // when present, else lora_id through the configured map (unmapped → !ok),
 // else the default partition "". x.mu must be held (it interns names).
-func (x *Index) adapterLocked(ev *Event) (string, bool) {
+func (x *Index) adapterLocked(ev *wire.Event) (string, bool) {
 	if len(ev.LoRAName) > 0 {
 		if s, ok := x.names[string(ev.LoRAName)]; ok {
 			return s, true // no allocation for a known name
@@ -177,7 +178,7 @@ func (x *Index) adapterLocked(ev *Event) (string, bool) {
 // Store applies a BlockStored event and appends the resulting prefixes (one
 // per block, in chain order) to dst. When the event is dropped it returns
 // dst unchanged and the drop reason.
-func (x *Index) Store(ev *Event, dst []Prefix) ([]Prefix, string) {
+func (x *Index) Store(ev *wire.Event, dst []Prefix) ([]Prefix, string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 
@@ -242,7 +243,7 @@ func (x *Index) Store(ev *Event, dst []Prefix) ([]Prefix, string) {
 // the engine evicts), to demoted at TierT2. A block that leaves the GPU but
 // stays on another medium the engine reported is appended to demoted.
 // Unknown hashes are skipped; unknown counts them.
-func (x *Index) Remove(ev *Event, l2 bool, evicted, demoted []Prefix) (_, _ []Prefix, unknown int) {
+func (x *Index) Remove(ev *wire.Event, l2 bool, evicted, demoted []Prefix) (_, _ []Prefix, unknown int) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	bit := mediumBit(ev.Medium)

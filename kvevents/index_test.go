@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 func toks(n int, base uint32) []uint32 {
@@ -16,8 +17,8 @@ func toks(n int, base uint32) []uint32 {
 	return out
 }
 
-func stored(hashes []uint64, parent *uint64, tokens []uint32, bs int) *Event {
-	ev := &Event{Kind: KindBlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: bs}
+func stored(hashes []uint64, parent *uint64, tokens []uint32, bs int) *wire.Event {
+	ev := &wire.Event{Kind: wire.KindBlockStored, BlockHashes: hashes, TokenIDs: tokens, BlockSize: bs}
 	if parent != nil {
 		ev.ParentHash, ev.HasParent = *parent, true
 	}
@@ -74,7 +75,7 @@ func TestIndexRemoveMapping(t *testing.T) {
 	keys := fingerprint.AppendChain(nil, all, 16, 0, false)
 	x.Store(stored([]uint64{1, 2, 3}, nil, all, 16), nil)
 
-	rm := &Event{Kind: KindBlockRemoved, BlockHashes: []uint64{3, 77, 1}}
+	rm := &wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{3, 77, 1}}
 	evicted, demoted, unknown := x.Remove(rm, false, nil, nil)
 	if unknown != 1 || len(demoted) != 0 {
 		t.Fatalf("unknown %d demoted %v", unknown, demoted)
@@ -92,7 +93,7 @@ func TestIndexRemoveMapping(t *testing.T) {
 	}
 
 	// With L2 the removal re-reports at T2 instead of evicting.
-	evicted, demoted, _ = x.Remove(&Event{Kind: KindBlockRemoved, BlockHashes: []uint64{2}}, true, nil, nil)
+	evicted, demoted, _ = x.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{2}}, true, nil, nil)
 	if len(evicted) != 0 || !slices.Equal(demoted, []Prefix{{Key: keys[1], Tokens: 32, Tier: TierT2}}) {
 		t.Fatalf("l2: evicted %+v demoted %+v", evicted, demoted)
 	}
@@ -112,16 +113,16 @@ func TestIndexMedia(t *testing.T) {
 		t.Fatalf("GPU+CPU tier %v", ps[0].Tier)
 	}
 	// Removed from the GPU but still offloaded: re-reported at T2, kept.
-	evicted, demoted, _ := x.Remove(&Event{Kind: KindBlockRemoved, BlockHashes: []uint64{1}, Medium: []byte("gpu")}, false, nil, nil)
+	evicted, demoted, _ := x.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{1}, Medium: []byte("gpu")}, false, nil, nil)
 	if len(evicted) != 0 || len(demoted) != 1 || demoted[0].Tier != TierT2 || x.Len() != 1 {
 		t.Fatalf("demote: evicted %+v demoted %+v len %d", evicted, demoted, x.Len())
 	}
 	// Removing it from the GPU again changes nothing.
-	evicted, demoted, _ = x.Remove(&Event{Kind: KindBlockRemoved, BlockHashes: []uint64{1}}, false, nil, nil)
+	evicted, demoted, _ = x.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{1}}, false, nil, nil)
 	if len(evicted)+len(demoted) != 0 {
 		t.Fatalf("no-op remove: %+v %+v", evicted, demoted)
 	}
-	evicted, _, _ = x.Remove(&Event{Kind: KindBlockRemoved, BlockHashes: []uint64{1}, Medium: []byte("CPU")}, false, nil, nil)
+	evicted, _, _ = x.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{1}, Medium: []byte("CPU")}, false, nil, nil)
 	if len(evicted) != 1 || x.Len() != 0 {
 		t.Fatalf("last medium: evicted %+v len %d", evicted, x.Len())
 	}
@@ -136,7 +137,7 @@ func TestIndexLoRA(t *testing.T) {
 	x := NewIndex(16, 0, map[int64]string{1: "sql", 2: "chat"})
 	base := stored([]uint64{1}, nil, toks(16, 0), 16)
 
-	f := func(name string, ev Event, wantAdapter, wantReason string) {
+	f := func(name string, ev wire.Event, wantAdapter, wantReason string) {
 		t.Helper()
 		ps, reason := x.Store(&ev, nil)
 		if reason != wantReason {
@@ -158,11 +159,11 @@ func TestIndexLoRA(t *testing.T) {
 	f("lora_name alone", ev, "named", "")
 
 	// The adapter travels with removals.
-	_, _, _ = x.Remove(&Event{Kind: KindBlockRemoved, BlockHashes: []uint64{1}}, false, nil, nil)
+	_, _, _ = x.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{1}}, false, nil, nil)
 	ev = *base
 	ev.LoRAID, ev.HasLoRAID = 1, true
 	x.Store(&ev, nil)
-	evicted, _, _ := x.Remove(&Event{Kind: KindBlockRemoved, BlockHashes: []uint64{1}}, false, nil, nil)
+	evicted, _, _ := x.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{1}}, false, nil, nil)
 	if len(evicted) != 1 || evicted[0].Adapter != "sql" {
 		t.Fatalf("evicted %+v", evicted)
 	}
@@ -209,7 +210,7 @@ func TestIndexRandomAgainstModel(t *testing.T) {
 			for range 1 + rng.IntN(3) {
 				hs = append(hs, uint64(rng.IntN(64)))
 			}
-			evicted, _, unknown := x.Remove(&Event{Kind: KindBlockRemoved, BlockHashes: hs}, false, nil, nil)
+			evicted, _, unknown := x.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: hs}, false, nil, nil)
 			wantUnknown := 0
 			var want []Prefix
 			for _, h := range hs {

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 // Metrics are the subscriber's own Prometheus metrics, all prefixed
@@ -16,7 +18,7 @@ type Metrics struct {
 	// decodedByKind are eventsDecoded's series by EventKind, resolved once:
 	// Processor.Apply counts every event, and resolving the label costs
 	// more than the increment.
-	decodedByKind   [KindAllBlocksCleared + 1]prometheus.Counter
+	decodedByKind   [wire.KindAllBlocksCleared + 1]prometheus.Counter
 	eventsDropped   *prometheus.CounterVec // reason
 	unknownRemovals prometheus.Counter
 	gaps            prometheus.Counter
@@ -56,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		batchesDecoded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "batches_decoded_total", Help: "Engine event batches decoded."}),
 		batchesDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "batches_dropped_total", Help: "Engine event batches skipped as malformed, by reason."}, []string{"reason"}),
+			Name: "batches_dropped_total", Help: "Engine event batches skipped as malformed, or dropped by the receive queue's byte bound (reason receive_queue), by reason."}, []string{"reason"}),
 		eventsDecoded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "events_decoded_total", Help: "Engine KV events decoded, by type."}, []string{"type"}),
 		eventsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -102,7 +104,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.lostDeliveries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 		Name: "forward_lost_total", Help: "Deliveries the sink had accepted and later reported not stored (NATS: a negative or missing JetStream ack); each loss triggers a clear-and-resync."})
 	for k := range m.decodedByKind {
-		m.decodedByKind[k] = m.eventsDecoded.WithLabelValues(EventKind(k).String())
+		m.decodedByKind[k] = m.eventsDecoded.WithLabelValues(wire.EventKind(k).String())
 	}
 	if reg != nil {
 		reg.MustRegister(m.batchesDecoded, m.batchesDropped, m.eventsDecoded, m.eventsDropped,
@@ -126,7 +128,7 @@ func (m *Metrics) batchDropped(reason string) {
 	}
 }
 
-func (m *Metrics) eventDecoded(k EventKind) {
+func (m *Metrics) eventDecoded(k wire.EventKind) {
 	if m != nil && int(k) < len(m.decodedByKind) {
 		m.decodedByKind[k].Inc()
 	}

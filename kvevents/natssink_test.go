@@ -14,6 +14,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/bus"
 	"github.com/inferencecache/inferencecache/bus/bustest"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -40,7 +41,7 @@ func TestForwarderLossClearsAndResyncs(t *testing.T) {
 	ctx := testCtx(t, 5*time.Second)
 
 	for i := range 3 {
-		p.Apply(&Batch{TS: float64(i + 1), Events: []Event{*stored([]uint64{uint64(10 * i), uint64(10*i + 1)}, nil, toks(32, uint32(100*i)), 16)}})
+		p.Apply(&wire.Batch{TS: float64(i + 1), Events: []wire.Event{*stored([]uint64{uint64(10 * i), uint64(10*i + 1)}, nil, toks(32, uint32(100*i)), 16)}})
 	}
 	if err := f.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -51,7 +52,7 @@ func TestForwarderLossClearsAndResyncs(t *testing.T) {
 	}
 
 	s.lost.Store(2) // NATS reports two of them never stored
-	p.Apply(&Batch{TS: 5, Events: []Event{{Kind: KindBlockRemoved, BlockHashes: []uint64{21}}}})
+	p.Apply(&wire.Batch{TS: 5, Events: []wire.Event{{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{21}}}})
 	if err := f.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestForwarderLossNoticedWhileIdle(t *testing.T) {
 	f := NewForwarder(cfg, s, idx)
 	p := NewProcessor(idx, f, false, nil, nil)
 	startForwarder(t, f)
-	p.Apply(&Batch{TS: 1, Events: []Event{*stored([]uint64{1, 2}, nil, toks(32, 0), 16)}})
+	p.Apply(&wire.Batch{TS: 1, Events: []wire.Event{*stored([]uint64{1, 2}, nil, toks(32, 0), 16)}})
 	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}

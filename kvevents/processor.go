@@ -3,6 +3,8 @@ package kvevents
 import (
 	"log/slog"
 	"math"
+
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 // output receives what applying events changes on the server's side: the
@@ -53,19 +55,19 @@ func TimestampUS(ts float64) int64 {
 }
 
 // Apply applies every event of b in order.
-func (p *Processor) Apply(b *Batch) { p.applyFrom(b, 0, false) }
+func (p *Processor) Apply(b *wire.Batch) { p.applyFrom(b, 0, false) }
 
 // applyFrom applies b's events from index i on and returns len(b.Events).
 // With stopOnUnknownParent it stops instead at a BlockStored whose parent
 // the index does not know, before counting or applying it, and returns that
 // event's index, so the caller can try to recover the parent first and then
 // resume there (with stopOnUnknownParent false, which drops and counts it).
-func (p *Processor) applyFrom(b *Batch, i int, stopOnUnknownParent bool) int {
+func (p *Processor) applyFrom(b *wire.Batch, i int, stopOnUnknownParent bool) int {
 	ts := TimestampUS(b.TS)
 	for ; i < len(b.Events); i++ {
 		ev := &b.Events[i]
 		switch ev.Kind {
-		case KindBlockStored:
+		case wire.KindBlockStored:
 			var reason string
 			p.added, reason = p.idx.Store(ev, p.added[:0])
 			if reason == DropUnknownParent && stopOnUnknownParent {
@@ -79,13 +81,13 @@ func (p *Processor) applyFrom(b *Batch, i int, stopOnUnknownParent bool) int {
 				continue
 			}
 			p.out.Add(p.added, ts)
-		case KindBlockRemoved:
+		case wire.KindBlockRemoved:
 			p.metrics.eventDecoded(ev.Kind)
 			var unknown int
 			p.evicted, p.demoted, unknown = p.idx.Remove(ev, p.l2, p.evicted[:0], p.demoted[:0])
 			p.metrics.removedUnknown(unknown)
 			p.out.Removed(p.evicted, p.demoted, ts)
-		case KindAllBlocksCleared:
+		case wire.KindAllBlocksCleared:
 			p.metrics.eventDecoded(ev.Kind)
 			p.idx.Clear()
 			p.out.AllCleared(ts)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -75,9 +76,9 @@ func (x *refreshFixture) populate() {
 	d := stored([]uint64{30, 31}, nil, toks(32, 3000), 16)
 	dCPU := stored([]uint64{30, 31}, nil, toks(32, 3000), 16)
 	dCPU.Medium = cpu
-	x.proc.Apply(&Batch{TS: 100, Events: []Event{*a, *b, *c, *d, *dCPU,
-		{Kind: KindBlockRemoved, BlockHashes: []uint64{3}},
-		{Kind: KindBlockRemoved, BlockHashes: []uint64{31}, Medium: []byte("GPU")},
+	x.proc.Apply(&wire.Batch{TS: 100, Events: []wire.Event{*a, *b, *c, *d, *dCPU,
+		{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{3}},
+		{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{31}, Medium: []byte("GPU")},
 	}})
 }
 
@@ -181,7 +182,7 @@ func TestRefreshReportsHeldSetAtTiersAndAdapters(t *testing.T) {
 	}
 
 	// After AllBlocksCleared the refresh re-reports nothing.
-	x.proc.Apply(&Batch{TS: 200, Events: []Event{{Kind: KindAllBlocksCleared}}})
+	x.proc.Apply(&wire.Batch{TS: 200, Events: []wire.Event{{Kind: wire.KindAllBlocksCleared}}})
 	if err := x.fwd.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
@@ -274,11 +275,11 @@ func TestRefreshDisabled(t *testing.T) {
 // mid-refresh is not re-reported after its eviction.
 func TestRefreshYieldsToLiveWork(t *testing.T) {
 	x := newRefreshFixture(t, nil)
-	var evs []Event
+	var evs []wire.Event
 	for i := range 30 {
 		evs = append(evs, *stored([]uint64{uint64(100 + i)}, nil, toks(16, uint32(16*i)), 16))
 	}
-	x.proc.Apply(&Batch{TS: 100, Events: evs})
+	x.proc.Apply(&wire.Batch{TS: 100, Events: evs})
 	startForwarder(t, x.fwd)
 	if err := x.fwd.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -292,7 +293,7 @@ func TestRefreshYieldsToLiveWork(t *testing.T) {
 	x.sink.mu.Lock()
 	x.sink.hook = func(call string) {
 		if strings.HasPrefix(call, refreshTS) && chunks.Add(1) == 2 {
-			x.proc.Apply(&Batch{TS: 101, Events: []Event{{Kind: KindBlockRemoved, BlockHashes: []uint64{129}}}})
+			x.proc.Apply(&wire.Batch{TS: 101, Events: []wire.Event{{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{129}}}})
 		}
 	}
 	x.sink.mu.Unlock()
@@ -329,7 +330,7 @@ func TestIndexAppendHeldWalk(t *testing.T) {
 	}
 	remove := func() {
 		for h := range held {
-			x.Remove(&Event{Kind: KindBlockRemoved, BlockHashes: []uint64{h}}, false, nil, nil)
+			x.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{h}}, false, nil, nil)
 			delete(held, h)
 			return
 		}

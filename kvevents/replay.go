@@ -37,24 +37,31 @@ func Replay(ctx context.Context, endpoint string, start uint64, fn func(seq uint
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 	}
-	sock := zmq4.NewDealer(ctx,
+	refusal := &frameRefusal{}
+	sock := zmq4.NewDealer(withFrameRefusal(ctx, refusal),
 		zmq4.WithLogger(zmqLogger),
 		zmq4.WithDialerMaxRetries(2),
 		zmq4.WithDialerRetry(100*time.Millisecond),
 		zmq4.WithDialerTimeout(time.Second))
 	defer sock.Close()
-	if err := sock.Dial(endpoint); err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrReplayUnavailable, endpoint, err)
+	if err := sock.Dial(limitedEndpoint(endpoint)); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrReplayUnavailable, endpoint, err)
 	}
 	var req [8]byte
 	binary.BigEndian.PutUint64(req[:], start)
 	if err := sock.SendMulti(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
-		return replayErr(ctx, fmt.Errorf("%w: cannot send request: %v", ErrReplayUnavailable, err))
+		if r := refusal.Err(); r != nil {
+			err = r // the reason zmq4's connection closed
+		}
+		return replayErr(ctx, fmt.Errorf("%w: cannot send request: %w", ErrReplayUnavailable, err))
 	}
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
-			return replayErr(ctx, fmt.Errorf("%w: %v", ErrReplayUnavailable, err))
+			if r := refusal.Err(); r != nil {
+				err = r
+			}
+			return replayErr(ctx, fmt.Errorf("%w: %w", ErrReplayUnavailable, err))
 		}
 		frames := msg.Frames
 		for len(frames) > 0 && len(frames[0]) == 0 { // delimiter

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 	"github.com/inferencecache/inferencecache/rpc"
 )
 
@@ -51,7 +52,7 @@ func TestForwarderRereportsWhenServerChanges(t *testing.T) {
 	cfg.Metrics = m
 	f := NewForwarder(cfg, s, idx)
 	p := NewProcessor(idx, f, false, nil, nil)
-	p.Apply(&Batch{TS: 1, Events: []Event{*stored([]uint64{1, 2}, nil, toks(32, 0), 16)}})
+	p.Apply(&wire.Batch{TS: 1, Events: []wire.Event{*stored([]uint64{1, 2}, nil, toks(32, 0), 16)}})
 	startForwarder(t, f)
 	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -62,7 +63,7 @@ func TestForwarderRereportsWhenServerChanges(t *testing.T) {
 	// The server restarted: the next call reveals it (here the flush of a
 	// new add); the re-report follows it.
 	s.bump(RereportServerRestart)
-	p.Apply(&Batch{TS: 2, Events: []Event{*stored([]uint64{3}, ptr(uint64(2)), toks(16, 32), 16)}})
+	p.Apply(&wire.Batch{TS: 2, Events: []wire.Event{*stored([]uint64{3}, ptr(uint64(2)), toks(16, 32), 16)}})
 	k3 := idx.AppendSnapshot(nil)[0].Key
 	if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -97,7 +98,7 @@ func TestForwarderHeartbeat(t *testing.T) {
 	cfg.Window = 5 * time.Millisecond
 	cfg.Heartbeat = 80 * time.Millisecond
 	f := NewForwarder(cfg, s, idx)
-	NewProcessor(idx, f, false, nil, nil).Apply(&Batch{TS: 1, Events: []Event{*stored([]uint64{1}, nil, toks(16, 0), 16)}})
+	NewProcessor(idx, f, false, nil, nil).Apply(&wire.Batch{TS: 1, Events: []wire.Event{*stored([]uint64{1}, nil, toks(16, 0), 16)}})
 	startForwarder(t, f)
 
 	beats := func() int {
@@ -156,8 +157,9 @@ func TestForwarderHeartbeat(t *testing.T) {
 
 // TestForwarderQueueSync: a sync's outcome goes behind the pending adds:
 // demotions at T2, evictions, then the whole index, stamped as given; with
-// cleared, ALL_CLEARED replaces the pending adds. Nothing is queued while a
-// resync is pending.
+// cleared, ALL_CLEARED replaces the pending adds. The demotions and
+// evictions count against MaxBuffered, the whole index does not. Nothing is
+// queued while a resync is pending.
 func TestForwarderQueueSync(t *testing.T) {
 	for _, cleared := range []bool{false, true} {
 		t.Run(fmt.Sprint("cleared=", cleared), func(t *testing.T) {
@@ -166,10 +168,11 @@ func TestForwarderQueueSync(t *testing.T) {
 			f.Add([]Prefix{pfx(1, 16)}, 100)
 			f.QueueSync(cleared, []Prefix{pfx(7, 16), {Key: 8, Tokens: 16, Tier: TierT1, Adapter: "a"}},
 				[]Prefix{pfx(6, 32)}, []Prefix{pfx(2, 16), pfx(3, 32)}, 900)
-			// The pending add (or, cleared, the ALL_CLEARED replacing it)
-			// is all that counts against MaxBuffered.
-			if f.Buffered() != 1 {
-				t.Fatalf("buffered %d: sync ops must not count against MaxBuffered", f.Buffered())
+			// The pending add (or, cleared, the ALL_CLEARED replacing it),
+			// one demotion and two evictions count against MaxBuffered;
+			// the index re-report does not.
+			if f.Buffered() != 4 {
+				t.Fatalf("buffered %d, want 4", f.Buffered())
 			}
 			startForwarder(t, f)
 			if err := f.Flush(testCtx(t, 5*time.Second)); err != nil {

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -324,6 +326,47 @@ func ReadStateFile(path string, maxEntries int) (*State, error) {
 	return s, nil
 }
 
+// stateTempPrefix is how WriteStateFile names its temporary files in the
+// state file's directory: the prefix, then os.CreateTemp's random digits.
+func stateTempPrefix(base string) string { return "." + base + ".tmp-" }
+
+// RemoveStaleStateTemps removes the temporary files a crash during
+// WriteStateFile left beside path (.<name>.tmp-<digits>), and returns their
+// names. Only one process may write path: the subscriber calls it at start,
+// before its first write.
+func RemoveStaleStateTemps(path string) ([]string, error) {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // nothing was ever written there
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot list the state file's directory: %w", err)
+	}
+	prefix := stateTempPrefix(base)
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		digits, ok := strings.CutPrefix(name, prefix)
+		if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" || !e.Type().IsRegular() {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, name)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return removed, fmt.Errorf("cannot remove a stale temporary state file: %w", err)
+	}
+	return removed, nil
+}
+
 // WriteStateFile replaces path with data atomically: it writes a temporary
 // file in the same directory, syncs it, renames it over path and syncs the
 // directory, so a crash at any point leaves either the old file or the new
@@ -333,7 +376,7 @@ func WriteStateFile(path string, data []byte) (err error) {
 	if dir == "" {
 		dir = "."
 	}
-	tmp, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	tmp, err := os.CreateTemp(dir, stateTempPrefix(base)+"*")
 	if err != nil {
 		return fmt.Errorf("cannot create a temporary state file: %w", err)
 	}

@@ -11,6 +11,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 func sampleState() *State {
@@ -152,9 +155,9 @@ func TestWriteStateFileAtomic(t *testing.T) {
 func TestIndexStateRestore(t *testing.T) {
 	x := NewIndex(16, 0, map[int64]string{1: "sql"})
 	lora := int64(1)
-	x.Store(&Event{Kind: KindBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: toks(32, 0), BlockSize: 16}, nil)
-	x.Store(&Event{Kind: KindBlockStored, BlockHashes: []uint64{3}, TokenIDs: toks(16, 100), BlockSize: 16, HasLoRAID: true, LoRAID: lora}, nil)
-	x.Store(&Event{Kind: KindBlockStored, BlockHashes: []uint64{2}, TokenIDs: toks(16, 16), BlockSize: 16, Medium: []byte("CPU"),
+	x.Store(&wire.Event{Kind: wire.KindBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: toks(32, 0), BlockSize: 16}, nil)
+	x.Store(&wire.Event{Kind: wire.KindBlockStored, BlockHashes: []uint64{3}, TokenIDs: toks(16, 100), BlockSize: 16, HasLoRAID: true, LoRAID: lora}, nil)
+	x.Store(&wire.Event{Kind: wire.KindBlockStored, BlockHashes: []uint64{2}, TokenIDs: toks(16, 16), BlockSize: 16, Medium: []byte("CPU"),
 		HasParent: true, ParentHash: 1}, nil)
 	st := x.AppendState(nil)
 	if len(st) != 3 || st[0].Engine != 2 || st[0].Media != mediaGPU|mediaOther {
@@ -168,7 +171,7 @@ func TestIndexStateRestore(t *testing.T) {
 	if !slices.Equal(y.AppendSnapshot(nil), x.AppendSnapshot(nil)) || !reflect.DeepEqual(y.AppendState(nil), st) {
 		t.Fatal("restored index differs")
 	}
-	ev := &Event{Kind: KindBlockStored, BlockHashes: []uint64{9}, TokenIDs: toks(16, 32), BlockSize: 16, HasParent: true, ParentHash: 2}
+	ev := &wire.Event{Kind: wire.KindBlockStored, BlockHashes: []uint64{9}, TokenIDs: toks(16, 32), BlockSize: 16, HasParent: true, ParentHash: 2}
 	px, rx := x.Store(ev, nil)
 	py, ry := y.Store(ev, nil)
 	if rx != "" || ry != "" || !slices.Equal(px, py) || px[0].Tokens != 48 {
@@ -185,18 +188,40 @@ func TestIndexStateRestore(t *testing.T) {
 
 	// Adopt moves the content over and empties the source.
 	z := NewIndex(16, 0, nil)
-	z.Store(&Event{Kind: KindBlockStored, BlockHashes: []uint64{77}, TokenIDs: toks(16, 7), BlockSize: 16}, nil)
+	z.Store(&wire.Event{Kind: wire.KindBlockStored, BlockHashes: []uint64{77}, TokenIDs: toks(16, 7), BlockSize: 16}, nil)
 	z.Adopt(y)
 	if y.Len() != 0 || z.Len() != 4 {
 		t.Fatalf("after Adopt: source %d, target %d", y.Len(), z.Len())
 	}
 }
 
+// sumPayload is a batch the size of wire's BenchmarkDecodeBatch payload:
+// events BlockStored events of blocks blocks each (block size 16), chained,
+// with a medium and a lora_name, in the array layout.
+func sumPayload(t testing.TB, events, blocks int) []byte {
+	t.Helper()
+	b := fakeengine.Batch{TS: 1700000000.5}
+	for e := range events {
+		hashes := make([]uint64, blocks)
+		for i := range hashes {
+			hashes[i] = uint64(e*blocks+i) * 0x9e3779b97f4a7c15
+		}
+		parent := uint64(e)
+		b.Events = append(b.Events, fakeengine.Event{Kind: fakeengine.BlockStored, BlockHashes: hashes, Parent: &parent,
+			TokenIDs: toks(blocks*16, uint32(e*1000)), BlockSize: 16, Medium: "GPU", LoRAName: "adapter-a"})
+	}
+	p, err := fakeengine.Encoding{Layout: fakeengine.LayoutArray}.Encode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // BenchmarkPayloadSum: the checksum every sequenced batch now costs (kept
-// to recognize the batch in a replay), next to BenchmarkDecodeBatch's
+// to recognize the batch in a replay), next to wire's BenchmarkDecodeBatch
 // payload of 32 events × 16 blocks.
 func BenchmarkPayloadSum(b *testing.B) {
-	payload := benchPayload(b, 32, 16, false)
+	payload := sumPayload(b, 32, 16)
 	b.SetBytes(int64(len(payload)))
 	b.ReportAllocs()
 	var sum uint32
@@ -208,7 +233,7 @@ func BenchmarkPayloadSum(b *testing.B) {
 
 // TestPayloadSumAllocs: the per-batch checksum allocates nothing.
 func TestPayloadSumAllocs(t *testing.T) {
-	payload := benchPayload(t, 4, 16, false)
+	payload := sumPayload(t, 4, 16)
 	if n := testing.AllocsPerRun(100, func() { _ = payloadSum(payload) }); n != 0 {
 		t.Fatalf("payloadSum allocates %v times", n)
 	}

@@ -53,6 +53,10 @@ type StatsScraper struct {
 	// still has queued, for engines (or exporters) that publish one; ""
 	// means none, and the server estimates the queue from waiting requests.
 	QueuedTokensMetric string
+	// RankLabel, when set, keeps only the series whose label RankLabel is
+	// Rank: a data-parallel engine exports every rank's series on one
+	// /metrics, and each rank is a replica of its own (see DataParallel).
+	RankLabel, Rank string
 
 	havePrev            bool
 	prevHits, prevQuery float64
@@ -106,20 +110,20 @@ func (s *StatsScraper) Parse(r io.Reader) (*icv1.ReplicaStats, error) {
 	var usage, running, waiting float64
 	var okR, okW bool
 	if sglang {
-		hr, _ := lookup(fams, sglangHitRate)
+		hr, _ := s.lookup(fams, sglangHitRate)
 		st.HitRate = clamp01(hr)
-		usage, _ = lookup(fams, sglangUsage)
-		running, okR = lookup(fams, sglangRunning)
-		waiting, okW = lookup(fams, sglangQueue)
+		usage, _ = s.lookup(fams, sglangUsage)
+		running, okR = s.lookup(fams, sglangRunning)
+		waiting, okW = s.lookup(fams, sglangQueue)
 	} else {
 		st.HitRate = s.vllmHitRate(fams)
-		usage, _ = lookup(fams, vllmUsage)
-		running, okR = lookup(fams, vllmRunning)
-		waiting, okW = lookup(fams, vllmWaiting)
-		if v, ok := lookup(fams, vllmT2Hits); ok {
+		usage, _ = s.lookup(fams, vllmUsage)
+		running, okR = s.lookup(fams, vllmRunning)
+		waiting, okW = s.lookup(fams, vllmWaiting)
+		if v, ok := s.lookup(fams, vllmT2Hits); ok {
 			st.T2HitTokens = int64(v)
 		}
-		if v, ok := lookup(fams, vllmT2Queries); ok {
+		if v, ok := s.lookup(fams, vllmT2Queries); ok {
 			st.T2QueryTokens = int64(v)
 		}
 	}
@@ -130,7 +134,7 @@ func (s *StatsScraper) Parse(r io.Reader) (*icv1.ReplicaStats, error) {
 		st.WaitingRequests = proto.Int32(count(waiting))
 		st.RunningRequests = proto.Int32(count(running))
 		if s.QueuedTokensMetric != "" {
-			if q, ok := lookup(fams, []string{s.QueuedTokensMetric}); ok && !math.IsNaN(q) {
+			if q, ok := s.lookup(fams, []string{s.QueuedTokensMetric}); ok && !math.IsNaN(q) {
 				st.QueuedPrefillTokens = proto.Int64(int64(min(max(q, 0), math.MaxInt64/2)))
 			}
 		}
@@ -145,8 +149,8 @@ func (s *StatsScraper) Parse(r io.Reader) (*icv1.ReplicaStats, error) {
 // scrape, and one after a counter reset, use the lifetime ratio; an
 // interval without queries keeps the previous rate.
 func (s *StatsScraper) vllmHitRate(fams map[string]*dto.MetricFamily) float32 {
-	hits, okH := lookup(fams, vllmHits)
-	queries, okQ := lookup(fams, vllmQueries)
+	hits, okH := s.lookup(fams, vllmHits)
+	queries, okQ := s.lookup(fams, vllmQueries)
 	if !okH || !okQ {
 		return s.lastHitRate
 	}
@@ -167,8 +171,9 @@ func (s *StatsScraper) vllmHitRate(fams map[string]*dto.MetricFamily) float32 {
 }
 
 // lookup sums every series of the first family found among names, each
-// tried as is and with a _total suffix.
-func lookup(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
+// tried as is and with a _total suffix; with RankLabel set, only the series
+// of Rank, and a family without any is not found.
+func (s *StatsScraper) lookup(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
 	for _, n := range names {
 		for _, name := range [2]string{n, n + "_total"} {
 			f, ok := fams[name]
@@ -176,7 +181,12 @@ func lookup(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
 				continue
 			}
 			var sum float64
+			found := false
 			for _, m := range f.GetMetric() {
+				if s.RankLabel != "" && !hasLabel(m, s.RankLabel, s.Rank) {
+					continue
+				}
+				found = true
 				switch {
 				case m.Counter != nil:
 					sum += m.GetCounter().GetValue()
@@ -186,10 +196,21 @@ func lookup(fams map[string]*dto.MetricFamily, names []string) (float64, bool) {
 					sum += m.GetUntyped().GetValue()
 				}
 			}
-			return sum, true
+			if found {
+				return sum, true
+			}
 		}
 	}
 	return 0, false
+}
+
+func hasLabel(m *dto.Metric, name, value string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue() == value
+		}
+	}
+	return false
 }
 
 // count converts a request gauge to an int32: NaN and negatives are 0.

@@ -112,7 +112,14 @@ func (s *Subscriber) syncOnce(ctx context.Context) syncResult {
 		t.next, t.lastSum = seq+1, sum
 		s.changes++
 		if err := s.rdec.Decode(payload, &s.rbatch); err != nil {
+			// A batch this replay cannot deliver: what the index holds
+			// may have been removed in it. Clear and rebuild from the
+			// batches after it (the collector sends ALL_CLEARED first).
 			s.dropBatch(err)
+			s.log.Warn("undecodable batch in the replay; clearing the replica and rebuilding from the batches after it", "seq", seq)
+			proc.Reset(0)
+			t.historyFrom = seq + 1
+			s.extendable = false
 			return nil
 		}
 		s.metrics.batchDecoded()
@@ -122,6 +129,17 @@ func (s *Subscriber) syncOnce(ctx context.Context) syncResult {
 	s.replaying = false
 	cancel()
 
+	if err != nil && ctx.Err() != nil {
+		// Shutdown, not an answer from the engine: nothing is concluded
+		// or forwarded. Batches applied so far changed the index without
+		// their outcome being sent, so the state file is left as last
+		// saved; the next start syncs from there.
+		if applied > 0 {
+			s.keepSaved = true
+		}
+		s.log.Info("shutdown during the replay sync; the next start syncs again", "from", from, "applied", applied)
+		return syncFailed
+	}
 	switch {
 	case errors.Is(err, errSyncRestarted), verify && err == nil && n == 0:
 		s.metrics.replay(ReplayOK)
@@ -220,7 +238,10 @@ func (s *Subscriber) recoverHistory(ctx context.Context) bool {
 		n++
 		last, lastSum = seq, payloadSum(payload)
 		if err := s.rdec.Decode(payload, &s.rbatch); err != nil {
+			// As in a sync: the rebuilt history restarts after it.
 			s.dropBatch(err)
+			proc.Reset(0)
+			first = seq + 1
 			return nil
 		}
 		proc.Apply(&s.rbatch)
@@ -228,6 +249,12 @@ func (s *Subscriber) recoverHistory(ctx context.Context) bool {
 	})
 	s.replaying = false
 	cancel()
+	if err != nil && ctx.Err() != nil {
+		return false // shutdown; the caller keeps the saved state
+	}
+	if err == nil && n > 0 && first >= t.historyFrom {
+		err = errNoFurther // an undecodable batch restarted the rebuild at or past the index's history
+	}
 	switch {
 	case errors.Is(err, errNoFurther):
 		s.extendable = false
@@ -258,6 +285,15 @@ func (s *Subscriber) recoverHistory(ctx context.Context) bool {
 func (s *Subscriber) loadState() {
 	if s.cfg.StateFile == "" {
 		return
+	}
+	// A crash during a write leaves its temporary file; nothing else
+	// removes it.
+	removed, err := RemoveStaleStateTemps(s.cfg.StateFile)
+	if len(removed) > 0 {
+		s.log.Info("removed temporary state files a crash left", "files", removed)
+	}
+	if err != nil {
+		s.log.Warn("cannot remove stale temporary state files", "err", err)
 	}
 	st, err := ReadStateFile(s.cfg.StateFile, s.cfg.MaxIndexBlocks)
 	switch {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 	"github.com/inferencecache/inferencecache/rpc"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
@@ -62,9 +63,9 @@ func TestReconnectDuringSyncIsNotARestart(t *testing.T) {
 	}
 }
 
-// TestSyncEvictionsKeepBufferedExact: a sync's evictions (a snapshot op,
-// never counted in the buffered total) that fail part-way do not drive the
-// total negative.
+// TestSyncEvictionsKeepBufferedExact: a sync's evictions that fail
+// part-way keep the buffered total exact (it once went negative, when they
+// were not counted in it).
 func TestSyncEvictionsKeepBufferedExact(t *testing.T) {
 	s := &recSink{}
 	var n int
@@ -96,7 +97,7 @@ func TestLongAdapterNameDropped(t *testing.T) {
 	}
 	x := NewIndex(16, 0, nil)
 	toks := make([]uint32, 16)
-	ev := &Event{Kind: KindBlockStored, BlockHashes: []uint64{1}, TokenIDs: toks, BlockSize: 16, LoRAName: []byte(strings.Repeat("a", MaxIDBytes+1))}
+	ev := &wire.Event{Kind: wire.KindBlockStored, BlockHashes: []uint64{1}, TokenIDs: toks, BlockSize: 16, LoRAName: []byte(strings.Repeat("a", MaxIDBytes+1))}
 	if out, reason := x.Store(ev, nil); reason != DropLongAdapter || len(out) != 0 {
 		t.Fatalf("Store: %d prefixes, reason %q; want dropped as %q", len(out), reason, DropLongAdapter)
 	}

@@ -18,6 +18,12 @@
 // connection also gives UNAVAILABLE; the retry may then repeat a lookup the
 // server did run, which only repeats its small side effects: an LFU credit
 // and the routed-load count of load-aware routing.)
+//
+// A server that predates LookupRouteStream answers a stream UNIMPLEMENTED
+// before it reads the request: the call is retried as a unary call, and the
+// client sends unary calls only for Options.StreamBackoff (30 s) before it
+// tries a stream again (a rolling upgrade may bring a newer server behind
+// the same address).
 package lookupclient
 
 import (
@@ -25,6 +31,7 @@ import (
 	"errors"
 	"io"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -33,22 +40,32 @@ import (
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
-// DefaultStreams is Options.Streams when it is 0.
-const DefaultStreams = 4
+// Defaults of Options.
+const (
+	// DefaultStreams is Options.Streams when it is 0.
+	DefaultStreams = 4
+	// DefaultStreamBackoff is Options.StreamBackoff when it is 0.
+	DefaultStreamBackoff = 30 * time.Second
+)
 
 // Options configure a Client.
 type Options struct {
 	// Streams bounds the lookup streams the client keeps open; 0 means
 	// DefaultStreams. Calls in flight beyond it go as unary calls.
 	Streams int
+	// StreamBackoff is how long the client sends unary calls only after
+	// the server answered a stream UNIMPLEMENTED (it has no
+	// LookupRouteStream); 0 means DefaultStreamBackoff.
+	StreamBackoff time.Duration
 }
 
 // Client sends LookupRoute calls on pooled lookup streams. It is safe for
 // concurrent use. The connection stays the caller's: Close releases the
 // streams, not the connection.
 type Client struct {
-	rpc pb.InferenceCacheClient
-	max int32
+	rpc     pb.InferenceCacheClient
+	max     int32
+	backoff time.Duration // Options.StreamBackoff
 
 	// idle holds the open streams no call is using; its capacity is max, so
 	// a put never blocks (at most max streams exist). open counts the
@@ -60,8 +77,13 @@ type Client struct {
 	// instead of pooled, and calls go unary.
 	closed atomic.Bool
 
+	// noStreamsUntil (unix nanos) is when the client tries a stream again
+	// after the server answered one UNIMPLEMENTED; 0: streams are on.
+	noStreamsUntil atomic.Int64
+
 	// unaryFallbacks counts calls made as unary calls while the client was
-	// open: every stream busy, or a retry after a stream the server ended.
+	// open: every stream busy, streams off (UNIMPLEMENTED), or a retry after
+	// a stream the server ended.
 	unaryFallbacks atomic.Int64
 }
 
@@ -81,7 +103,11 @@ func New(conn grpc.ClientConnInterface, o Options) *Client {
 	if n <= 0 {
 		n = DefaultStreams
 	}
-	return &Client{rpc: pb.NewInferenceCacheClient(conn), max: int32(n), idle: make(chan *lookupStream, n)}
+	b := o.StreamBackoff
+	if b <= 0 {
+		b = DefaultStreamBackoff
+	}
+	return &Client{rpc: pb.NewInferenceCacheClient(conn), max: int32(n), backoff: b, idle: make(chan *lookupStream, n)}
 }
 
 // LookupRoute answers req as the unary LookupRoute would, bounded by ctx.
@@ -90,6 +116,10 @@ func New(conn grpc.ClientConnInterface, o Options) *Client {
 // unary; a streamed lookup ignores them.
 func (c *Client) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest, opts ...grpc.CallOption) (*pb.LookupRouteResponse, error) {
 	if c.closed.Load() {
+		return c.rpc.LookupRoute(ctx, req, opts...)
+	}
+	if until := c.noStreamsUntil.Load(); until != 0 && time.Now().UnixNano() < until {
+		c.unaryFallbacks.Add(1)
 		return c.rpc.LookupRoute(ctx, req, opts...)
 	}
 	s := c.take()
@@ -106,6 +136,12 @@ func (c *Client) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest, op
 	if err == nil {
 		return resp, nil // the answer came as ctx ended: keep it, not the stream
 	}
+	if status.Code(err) == codes.Unimplemented && ctx.Err() == nil {
+		// No LookupRouteStream on the server: it refused the stream before
+		// reading the request.
+		c.noStreamsUntil.Store(time.Now().Add(c.backoff).UnixNano())
+		retry = true
+	}
 	if retry && ctx.Err() == nil {
 		c.unaryFallbacks.Add(1)
 		return c.rpc.LookupRoute(ctx, req, opts...)
@@ -114,7 +150,7 @@ func (c *Client) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest, op
 }
 
 // UnaryFallbacks returns how many calls went as unary calls while the
-// client was open (every stream busy, or a retry).
+// client was open (every stream busy, streams off, or a retry).
 func (c *Client) UnaryFallbacks() int64 { return c.unaryFallbacks.Load() }
 
 // OpenStreams returns how many lookup streams are open (idle or in a call).

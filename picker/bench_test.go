@@ -12,12 +12,15 @@ import (
 )
 
 // BenchmarkExtProcPicks is picks through real ext_proc streams on
-// 127.0.0.1, client included: each op is one HTTP request as Envoy
-// drives it (FULL_DUPLEX_STREAMED): a new stream, headers, a 2k-token
-// chat body, the headers answer and the re-emitted body, then the
-// response headers and a JSON body with usage, and the stream's end.
-// Conversations repeat, so most picks are prefix hits. Reports picks/s
-// (target >= 5,000 on 2 cores).
+// 127.0.0.1 (plaintext), client included: each op is one HTTP request as
+// Envoy drives it (FULL_DUPLEX_STREAMED): a new stream, headers, a chat
+// body of about 2,000 bytes, the headers answer and the re-emitted body,
+// then the response headers and a JSON body with usage, and the stream's
+// end. The stand-in tokenizer makes one token per byte, so this is the
+// picker's own cost around a cheap tokenization; 64 conversations repeat,
+// so every pick is a prefix hit. loadgen's BenchmarkPickerExtProc is the
+// same path with a real tokenizer, TLS, 2,048-token requests and new
+// conversations (the >= 5,000 picks/s target).
 func BenchmarkExtProcPicks(b *testing.B) {
 	env := newEnv(b, func(c *picker.Config) { c.MaxConcurrentTokenize = 1024 })
 	var bodies [][]byte

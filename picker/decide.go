@@ -133,7 +133,7 @@ func (p *Picker) decide(s *stream, body []byte, noBody string) *immediateRespons
 				}
 			}
 			if reason == "" {
-				resp = p.lookupTokens(s.ctx, d, pool, m, toks)
+				resp = p.lookupTokens(s.ctx, d, pool, m, toks, !s.hasSubset)
 			}
 		}
 	}
@@ -241,14 +241,22 @@ func (p *Picker) tokens(ctx context.Context, modelID string, r *request.Request)
 	if p.tok == nil {
 		return nil, ReasonNoTokenizer
 	}
+	// One deadline covers the wait for a slot and the tokenization: a
+	// burst queues briefly (a 2k-token request tokenizes in about 0.1 ms)
+	// instead of being misrouted, and only a tokenizer that stays saturated
+	// for the whole timeout sheds to the fallback.
+	ctx, cancel := context.WithTimeout(ctx, p.tokTimeout)
+	defer cancel()
 	select {
 	case p.tokenizeSem <- struct{}{}:
 	default:
-		return nil, ReasonTokenizerBusy
+		select {
+		case p.tokenizeSem <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ReasonTokenizerBusy
+		}
 	}
 	defer func() { <-p.tokenizeSem }()
-	ctx, cancel := context.WithTimeout(ctx, p.tokTimeout)
-	defer cancel()
 	start := p.now()
 	toks, err := p.tok.RequestTokens(ctx, modelID, r)
 	if err != nil || len(toks) == 0 {
@@ -263,8 +271,12 @@ func (p *Picker) tokens(ctx context.Context, modelID string, r *request.Request)
 }
 
 // lookupTokens asks the index in process, as a gateway's LookupRoute with
-// token_ids would.
-func (p *Picker) lookupTokens(ctx context.Context, d *decision, pool *endpoints.Pool, m endpoints.Model, toks []uint32) *pb.LookupRouteResponse {
+// token_ids would. follows says the picker will send the request to the
+// answer's first replica (it does unless the gateway's subset hint may
+// exclude it), which lets the server expect the prompt there until the
+// replica's KV events store it (follows_answer; docs/routing.md,
+// "Routing-time entries").
+func (p *Picker) lookupTokens(ctx context.Context, d *decision, pool *endpoints.Pool, m endpoints.Model, toks []uint32, follows bool) *pb.LookupRouteResponse {
 	if len(toks) > rpc.MaxLookupTokens {
 		// The index reads the first MaxLookupTokens tokens' worth of
 		// prefix no differently; a longer prompt is fingerprinted on its
@@ -274,6 +286,7 @@ func (p *Picker) lookupTokens(ctx context.Context, d *decision, pool *endpoints.
 	q := &d.lreq
 	q.Reset()
 	q.TenantId, q.ModelId, q.AdapterId, q.HashScheme, q.TokenIds = pool.Tenant, m.ModelID, m.AdapterID, pool.HashScheme, toks
+	q.FollowsAnswer = follows
 	resp, err := p.lookup.LookupRoute(ctx, q)
 	q.TokenIds = nil
 	if err != nil {

@@ -40,15 +40,20 @@ const (
 // template does. It counts its calls and can block (tokenizer-busy tests).
 type byteTokenizer struct {
 	block chan struct{} // when non-nil, RequestTokens waits on it
-	mu    sync.Mutex
-	calls int
+	// stubborn makes the wait ignore the context, as a tokenizer that
+	// checks its deadline only between chunks of work overruns it.
+	stubborn bool
+	mu       sync.Mutex
+	calls    int
 }
 
 func (b *byteTokenizer) RequestTokens(ctx context.Context, _ string, r *request.Request) ([]uint32, error) {
 	b.mu.Lock()
 	b.calls++
 	b.mu.Unlock()
-	if b.block != nil {
+	if b.block != nil && b.stubborn {
+		<-b.block
+	} else if b.block != nil {
 		select {
 		case <-b.block:
 		case <-ctx.Done():

@@ -123,7 +123,7 @@ const (
 	ReasonBodyUnavailable = "body_unavailable" // the gateway's body mode does not send the body before the headers answer
 	ReasonUnrecognized    = "unrecognized"     // JSON, but not a chat or completion request
 	ReasonNoTokenizer     = "no_tokenizer"     // no tokenizer configured
-	ReasonTokenizerBusy   = "tokenizer_busy"   // MaxConcurrentTokenize tokenizations in flight
+	ReasonTokenizerBusy   = "tokenizer_busy"   // MaxConcurrentTokenize tokenizations in flight for the whole TokenizeTimeout
 	ReasonTokenizeFailed  = "tokenize_failed"  // the tokenizer failed (unknown model, template error, timeout)
 	ReasonNoHint          = "no_hint"          // the index had no hint (NO_HINT, UNKNOWN_MODEL, ...)
 	ReasonTimeout         = "timeout"          // the index answered TIMEOUT
@@ -205,10 +205,11 @@ type Config struct {
 	// destination list; 0 means DefaultMaxFallbacks, negative none.
 	MaxFallbacks int
 	// MaxConcurrentTokenize bounds tokenizations in flight; one more
-	// falls back (ReasonTokenizerBusy). 0 means 2 x GOMAXPROCS.
+	// waits for a slot within TokenizeTimeout, then falls back
+	// (ReasonTokenizerBusy). 0 means 2 x GOMAXPROCS.
 	MaxConcurrentTokenize int
-	// TokenizeTimeout bounds one tokenization; 0 means
-	// DefaultTokenizeTimeout.
+	// TokenizeTimeout bounds one tokenization, its wait for a slot
+	// included; 0 means DefaultTokenizeTimeout.
 	TokenizeTimeout time.Duration
 
 	// PD, when set, makes the pool a prefill/decode pool (pd.go): picks

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -352,11 +353,40 @@ func TestLeastLoadedFallback(t *testing.T) {
 	}
 }
 
-// A busy tokenizer falls back at once (counted) instead of queueing.
+// A request that finds every tokenizer slot taken waits for one: a burst
+// queues instead of being misrouted.
+func TestTokenizerBurstWaits(t *testing.T) {
+	block := make(chan struct{})
+	env := newEnv(t, func(c *picker.Config) { c.MaxConcurrentTokenize = 1; c.TokenizeTimeout = time.Minute })
+	env.tok.block = block
+	c1 := env.open(t)
+	c1.send(requestHeaders(false, fullDuplex, nil))
+	c1.send(requestBody(chatBody(false, "one"), true))
+	waitFor(t, "the first tokenization to start", func() bool { env.tok.mu.Lock(); defer env.tok.mu.Unlock(); return env.tok.calls == 1 })
+	c2 := env.open(t)
+	c2.send(requestHeaders(false, fullDuplex, nil))
+	c2.send(requestBody(chatBody(false, "two"), true))
+	time.Sleep(20 * time.Millisecond) // c2 is queued behind c1's slot
+	env.tok.mu.Lock()
+	calls := env.tok.calls
+	env.tok.mu.Unlock()
+	if calls != 1 {
+		t.Fatalf("%d tokenizations started with one slot", calls)
+	}
+	close(block)
+	destination(t, c1.recv())
+	destination(t, c2.recv())
+	if n := env.obs.count("fallback/tokenizer_busy"); n != 0 {
+		t.Fatalf("%d busy fallbacks, picks %v", n, env.obs.picks)
+	}
+}
+
+// A tokenizer that stays saturated for the whole timeout sheds to the
+// fallback (counted).
 func TestTokenizerBusy(t *testing.T) {
 	block := make(chan struct{})
-	env := newEnv(t, func(c *picker.Config) { c.MaxConcurrentTokenize = 1 })
-	env.tok.block = block
+	env := newEnv(t, func(c *picker.Config) { c.MaxConcurrentTokenize = 1; c.TokenizeTimeout = 50 * time.Millisecond })
+	env.tok.block, env.tok.stubborn = block, true
 	c1 := env.open(t)
 	c1.send(requestHeaders(false, fullDuplex, nil))
 	c1.send(requestBody(chatBody(false, "one"), true))

@@ -8,8 +8,10 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -63,22 +65,73 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 // Unmarshal decodes data into v.
+//
+// A request that does not decode is the client's error, InvalidArgument,
+// but grpc-go answers Internal for any error a codec returns, and sends
+// that status itself before the handler runs (serverStream.RecvMsg writes
+// it). So for the messages the service's own handlers receive into (a
+// pooled call or update, or the decodeTarget the other handlers wrap their
+// request in) Unmarshal does not return the error: it records it in the
+// message and reports success, and the handler answers InvalidArgument
+// (decodeError). Every other message gets the proto codec's error.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
 	case *lookupCall:
+		m.decodeErr = nil
 		m.buf = materialize(m.buf[:0], data)
 		if m.decode() {
 			return nil
 		}
-		return proto.Unmarshal(m.buf, &m.LookupRouteRequest)
+		m.decodeErr = proto.Unmarshal(m.buf, &m.LookupRouteRequest)
+		return nil
 	case *updateMsg:
+		m.decodeErr = nil
 		m.buf = materialize(m.buf[:0], data)
 		if m.decode() {
 			return nil
 		}
-		return proto.Unmarshal(m.buf, &m.CacheStateUpdate)
+		m.decodeErr = proto.Unmarshal(m.buf, &m.CacheStateUpdate)
+		return nil
+	case *decodeTarget:
+		m.err = protoCodec.Unmarshal(data, m.Message)
+		return nil
 	}
 	return protoCodec.Unmarshal(data, v)
+}
+
+// decodeTarget is a request message handed to the codec by a handler that
+// answers an undecodable request itself (decodeError). It is a proto message
+// itself, through the embedded one, so under the standard proto codec it
+// decodes the same (and err stays nil: that codec's errors are grpc-go's
+// Internal).
+type decodeTarget struct {
+	proto.Message
+	// err is the decode error Codec.Unmarshal recorded; written by the
+	// codec, read by the handler's goroutine after the receive returns.
+	err error
+}
+
+// decodeError returns the InvalidArgument status of a request the codec
+// could not decode, recv being what the handler received into, or nil when
+// it decoded. A handler calls it after every successful receive into one of
+// the types Codec.Unmarshal records errors in.
+func decodeError(recv any) error {
+	var (
+		err  error
+		name string
+	)
+	switch m := recv.(type) {
+	case *lookupCall:
+		err, name = m.decodeErr, "LookupRouteRequest"
+	case *updateMsg:
+		err, name = m.decodeErr, "CacheStateUpdate"
+	case *decodeTarget:
+		err, name = m.err, string(m.ProtoReflect().Descriptor().Name())
+	}
+	if err == nil {
+		return nil
+	}
+	return status.Errorf(codes.InvalidArgument, "cannot decode the %s: %v", name, err)
 }
 
 // materialize appends the bytes of data to dst.
@@ -108,6 +161,9 @@ type lookupCall struct {
 	counts []int32  // block_token_counts
 	toks   []uint32 // token_ids
 	slo    pb.SLO
+	// decodeErr is set by Codec.Unmarshal when the message does not
+	// decode (decodeError); reset by the next Unmarshal and by the pool.
+	decodeErr error
 }
 
 // lookupReply is a pooled LookupRoute response; *lookupReply is a
@@ -129,6 +185,7 @@ func getLookupCall() *lookupCall { return lookupCalls.Get().(*lookupCall) }
 // putLookupCall drops c's references to other memory and pools it, unless
 // a buffer grew beyond what a pooled call may keep.
 func putLookupCall(c *lookupCall) {
+	c.decodeErr = nil
 	c.LookupRouteRequest.Reset()
 	c.reply.LookupRouteResponse.Reset()
 	if cap(c.buf) > maxRetainedMsg || oversized(c.hashes) || oversized(c.counts) || oversized(c.toks) ||
@@ -226,6 +283,12 @@ func (c *lookupCall) decode() bool {
 				return false
 			}
 			m.PromptText = string(v) // rare, possibly large: not interned
+		case typ == protowire.VarintType && num == 12:
+			var x uint64
+			if x, b, ok = varint(b); !ok {
+				return false
+			}
+			m.FollowsAnswer = x != 0
 		default:
 			return false
 		}
@@ -352,6 +415,9 @@ func appendUint32s(dst []uint32, typ protowire.Type, b []byte) ([]uint32, []byte
 // receive.
 type updateMsg struct {
 	pb.CacheStateUpdate
+	// decodeErr is set by Codec.Unmarshal when the message does not
+	// decode (decodeError); reset by the next Unmarshal.
+	decodeErr error
 
 	buf     []byte
 	entries []pb.PrefixEntry

@@ -24,7 +24,7 @@ func codecSeeds() [][]byte {
 	w, r, q := int32(3), int32(-2), int64(1<<40)
 	msgs := []proto.Message{
 		&pb.LookupRouteRequest{TenantId: "team", ModelId: "llama", HashScheme: "vllm", BlockHashes: chain, BlockTokenCounts: counts, AdapterId: "lora-1", Slo: &pb.SLO{TtftMs: 200, TbtMs: -1}},
-		&pb.LookupRouteRequest{TenantId: "team", ModelId: "llama", PrefixHash: h(9), PrefixTokenCount: -5, TokenIds: []uint32{1, 2, 3, math.MaxUint32}, PromptText: "héllo"},
+		&pb.LookupRouteRequest{TenantId: "team", ModelId: "llama", PrefixHash: h(9), PrefixTokenCount: -5, TokenIds: []uint32{1, 2, 3, math.MaxUint32}, PromptText: "héllo", FollowsAnswer: true},
 		&pb.CacheStateUpdate{ReplicaId: "r1", ModelId: "llama", TenantId: "team", HashScheme: "vllm", TimestampUs: -7, AdapterId: "a",
 			Prefixes: []*pb.PrefixEntry{
 				{BlockHashes: chain, BlockTokenCounts: counts, Tier: pb.CacheTier(2)},
@@ -99,6 +99,9 @@ func checkLookupDecode(t *testing.T, call *lookupCall, data []byte) {
 	want := new(pb.LookupRouteRequest)
 	errW := proto.Unmarshal(data, want)
 	errG := Codec{}.Unmarshal(split(data), call)
+	if errG == nil {
+		errG = call.decodeErr // how the codec reports it to the handler
+	}
 	if (errW == nil) != (errG == nil) {
 		t.Fatalf("LookupRouteRequest %x: proto error %v, codec error %v", data, errW, errG)
 	}
@@ -111,6 +114,9 @@ func checkUpdateDecode(t *testing.T, upd *updateMsg, data []byte) {
 	want := new(pb.CacheStateUpdate)
 	errW := proto.Unmarshal(data, want)
 	errG := Codec{}.Unmarshal(split(data), upd)
+	if errG == nil {
+		errG = upd.decodeErr // how the codec reports it to the handler
+	}
 	if (errW == nil) != (errG == nil) {
 		t.Fatalf("CacheStateUpdate %x: proto error %v, codec error %v", data, errW, errG)
 	}

@@ -1,9 +1,8 @@
 package rpc
 
 import (
-	"time"
-
 	"github.com/inferencecache/inferencecache/engine"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -196,14 +195,13 @@ func (s *Service) dropped(t *dropTally, tenant, model, replica string) {
 		return
 	}
 	total := s.droppedReports.Add(int64(n))
-	now := s.now().UnixNano()
-	last := s.lastDropLog.Load()
-	if last != 0 && now-last < int64(time.Minute) || !s.lastDropLog.CompareAndSwap(last, now) {
-		return
+	// Allow before building the line: a flood of bad reports costs an
+	// atomic add each, not the line's arguments.
+	if held, ok := s.dropLog.Allow(); ok {
+		s.log.Warn("producer reports dropped (logged at most once a minute; see inferencecache_dropped_reports_total)",
+			"reason", dropReasonNames[first], "reports", n, "tenant", clip(tenant), "model", clip(model), "replica", clip(replica),
+			"total", total, ratelog.SuppressedKey, held)
 	}
-	s.log.Warn("producer reports dropped (logged at most once a minute; see inferencecache_dropped_reports_total)",
-		"reason", dropReasonNames[first], "reports", n, "tenant", clip(tenant), "model", clip(model), "replica", clip(replica),
-		"total", total)
 }
 
 // clip bounds an id for logging.

@@ -1,5 +1,15 @@
 package rpc
 
+// The id rule (docs/wire.md, "Ids over 1024 bytes"): the methods the
+// contract makes fail-open answer a request with an id over MaxIDBytes as
+// they answer any request, never with an error: LookupRoute and
+// LookupRouteStream answer NO_HINT before reading the index (contract §2:
+// a lookup fails open), and the stubs (RenderTemplate, LookupPDRoute,
+// StreamCacheEvents, StreamMetrics; contract §1, "fail-open stubs") give
+// their fixed answers. Every other method refuses it with InvalidArgument
+// naming the field and the limit: ReportCacheState and PublishEvent (which
+// write the index) and GetCacheState (which reads it by id).
+
 import (
 	"strconv"
 
@@ -24,6 +34,13 @@ func (o oversizedID) found() bool { return o.field != "" }
 func (o oversizedID) err(what string, refused int) error {
 	return status.Errorf(codes.InvalidArgument, "%s: %d refused; the first has a %s of %d bytes, over the %d-byte limit on ids",
 		what, refused, o.field, o.n, MaxIDBytes)
+}
+
+// refuse is the InvalidArgument status of a request refused for its id (a
+// method that reads the index by id: GetCacheState).
+func (o oversizedID) refuse(what string) error {
+	return status.Errorf(codes.InvalidArgument, "%s refused: its %s of %d bytes is over the %d-byte limit on ids",
+		what, o.field, o.n, MaxIDBytes)
 }
 
 // checkID returns the oversizedID of field when v is over MaxIDBytes.
@@ -72,6 +89,14 @@ func eventOversizedID(ev *pb.CacheEvent) oversizedID {
 		}
 	}
 	return oversizedID{}
+}
+
+// stateRequestOversizedID checks the ids of a GetCacheStateRequest.
+func stateRequestOversizedID(req *pb.GetCacheStateRequest) oversizedID {
+	if o := checkID("tenant_id", req.GetTenantId()); o.found() {
+		return o
+	}
+	return checkID("model_id", req.GetModelId())
 }
 
 // lookupIDsFit reports whether every id of a LookupRouteRequest is within

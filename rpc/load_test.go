@@ -237,3 +237,45 @@ func TestOversizedIDPrecedence(t *testing.T) {
 		t.Fatalf("oversized model: %s, want NO_HINT", r.ReasonCode)
 	}
 }
+
+// TestFollowsAnswer: a gateway that follows its answers (follows_answer)
+// makes the chain expected on the first replica, so the conversation's
+// next turn, asked before the first turn's blocks were stored, goes where
+// the first turn is queued; without the field the server has no such
+// record and the next turn goes to the shortest queue.
+func TestFollowsAnswer(t *testing.T) {
+	const tenant = "team"
+	for _, follow := range []bool{true, false} {
+		t.Run(fmt.Sprintf("follows=%v", follow), func(t *testing.T) {
+			frozen := time.Now()
+			env := newEnv(t, envOpts{load: true, now: func() time.Time { return frozen }})
+			env.seed(t, tenant) // r1: A×8, r2: A×2, r3: B×8
+			// r2 holds as many keys as the others, so occupancy weighs
+			// nobody's uncached tokens differently.
+			d, dc := chainOf(chainC+1, 6)
+			env.report(t, &pb.CacheStateUpdate{TenantId: tenant, ModelId: model, HashScheme: scheme, ReplicaId: "r2",
+				TimestampUs: frozen.UnixMicro(), Prefixes: []*pb.PrefixEntry{{BlockHashes: d, BlockTokenCounts: dc}}})
+			env.report(t, loadStats(tenant, "r1", 2, 2, 1000), loadStats(tenant, "r2", 2, 2, 100), loadStats(tenant, "r3", 2, 2, 1000))
+			c, cc := chainOf(chainC, 6)
+			first, err := env.client.LookupRoute(ctx(t), &pb.LookupRouteRequest{TenantId: tenant, ModelId: model, HashScheme: scheme,
+				BlockHashes: c[:4], BlockTokenCounts: cc[:4], FollowsAnswer: follow})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ids := replicaIDs(first); len(ids) != 1 || ids[0] != "r2" {
+				t.Fatalf("turn 1: %s %v, want r2 (the shortest queue)", first.ReasonCode, ids)
+			}
+			env.report(t, loadStats(tenant, "r1", 2, 2, 1000), loadStats(tenant, "r2", 3, 2, 600), loadStats(tenant, "r3", 2, 2, 100))
+			// r2: 600 + 16 × (96 − 0.75 × 64) = 1,368; r3: 100 + 16 × 96 = 1,636.
+			want := "r3"
+			if follow {
+				want = "r2"
+			}
+			second := env.chainLookup(t, tenant, c, cc)
+			if ids := replicaIDs(second); len(ids) != 1 || ids[0] != want || second.ReasonCode != "AFFINITY_HINT" {
+				t.Fatalf("turn 2: %s %v, want AFFINITY_HINT to %s", second.ReasonCode, ids, want)
+			}
+			checkAffinityZeros(t, second)
+		})
+	}
+}

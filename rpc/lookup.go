@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"slices"
 	"time"
 	"unsafe"
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	"github.com/inferencecache/inferencecache/policy"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
@@ -153,6 +155,10 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 	// refuse them): NO_HINT before any work, after the checks the contract
 	// ranks above it.
 	if !lookupIDsFit(req) {
+		if held, ok := s.oversizedLookupLog.Allow(); ok {
+			s.log.Warn("lookups with an id over the limit answered NO_HINT (logged at most once a minute)",
+				"limit", MaxIDBytes, "tenant", clip(req.GetTenantId()), "model", clip(model), ratelog.SuppressedKey, held)
+		}
 		s.emptyResponse(resp, model, ReasonNoHint, start, nil)
 		return
 	}
@@ -277,13 +283,18 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 		case engine.LoadExplore:
 			strategy = engine.StrategyNone
 			pin, pick = s.affinity(req, pt, sc, engine.AffinityExplore)
+		case engine.LoadExpected:
+			// The replica the chain was routed to holds more of it than
+			// the contract's pick will by the time this request runs.
+			strategy = engine.StrategyNone
+			pin, pick = s.affinity(req, pt, sc, engine.AffinityExpected)
 		}
 	}
 
 	// 11d. The consistent-hash fallback on the None branch.
 	if strategy == engine.StrategyNone {
 		if pick.Has {
-			s.noteRouted(res, pick, tokens, start)
+			s.noteRouted(req, sc, pick, tokens, start)
 			s.affinityResponse(resp, sb, req, model, pin, start, in.echo)
 			return
 		}
@@ -297,7 +308,7 @@ func (s *Service) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, r
 	case engine.StrategyPrefixMatch:
 		s.index.Credit(res)
 		scores = res.Scores
-		s.noteRouted(res, pick, tokens, start)
+		s.noteRouted(req, sc, pick, tokens, start)
 	case engine.StrategyTenantHot:
 		scores = res.Scores
 	}
@@ -391,18 +402,21 @@ func (s *Service) resolveInput(ctx context.Context, req *pb.LookupRouteRequest, 
 func (s *Service) fingerprintInput(toks []uint32, chainOn bool, sc *lookupScratch) {
 	in := &sc.in
 	in.computed = true
-	sc.sums = fingerprint.AppendChain(sc.sums[:0], toks, s.blockSize, 0, false)
+	// Sized once: a long prompt (a 100k-token agentic request is 6,250
+	// blocks of 16) would otherwise regrow each buffer a dozen times.
+	blocks := len(toks) / max(s.blockSize, 1)
+	sc.sums = fingerprint.AppendChain(slices.Grow(sc.sums[:0], blocks), toks, s.blockSize, 0, false)
 	n := len(sc.sums)
 	if n == 0 {
 		in.failOpen = true
 		return
 	}
-	wire := sc.wire[:0]
+	wire := slices.Grow(sc.wire[:0], n*fingerprint.WireSize)
 	for _, h := range sc.sums {
 		wire = fingerprint.AppendWire(wire, h)
 	}
 	sc.wire = wire
-	hashes, counts := sc.hashes[:0], sc.counts[:0]
+	hashes, counts := slices.Grow(sc.hashes[:0], n), slices.Grow(sc.counts[:0], n)
 	for i := 0; i < n; i++ {
 		hashes = append(hashes, wire[i*fingerprint.WireSize:(i+1)*fingerprint.WireSize:(i+1)*fingerprint.WireSize])
 		counts = append(counts, int32(s.blockSize))
@@ -482,15 +496,13 @@ func (s *Service) tokenizeInput(ctx context.Context, model, text string, pt *pol
 // minute.
 func (s *Service) promptFailedOpen(noTokenizer bool) {
 	n := s.promptFailOpen.Add(1)
-	now := s.now().UnixNano()
-	last := s.lastPromptLog.Load()
-	if now-last < int64(time.Minute) || !s.lastPromptLog.CompareAndSwap(last, now) {
-		return
-	}
-	if noTokenizer {
-		s.log.Warn("prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n)
-	} else {
-		s.log.Warn("prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n)
+	held, ok := s.promptLog.Allow()
+	switch {
+	case !ok:
+	case noTokenizer:
+		s.log.Warn("prompt_text lookups fail open to NO_HINT: this server has no tokenizer", "total", n, ratelog.SuppressedKey, held)
+	default:
+		s.log.Warn("prompt_text lookups fail open to NO_HINT (oversized, tokenizer busy or failed)", "total", n, ratelog.SuppressedKey, held)
 	}
 }
 
@@ -526,9 +538,17 @@ func belowFloor(pt *policy.Tenant, scores []engine.Score) bool {
 // noteRouted tells the index where the delivered answer sends the request
 // and how much of its prompt is still to prefill there, so load-aware
 // routing counts it until the replica's next load report.
-func (s *Service) noteRouted(res *engine.LookupResult, pick engine.ContractPick, tokens int64, start time.Time) {
+//
+// A caller that follows the answer (follows_answer: it sends the request to
+// the first replica) also makes the chain expected there (routing-time
+// entries, docs/routing.md).
+func (s *Service) noteRouted(req *pb.LookupRouteRequest, sc *lookupScratch, pick engine.ContractPick, tokens int64, start time.Time) {
+	res := &sc.res
 	matched, _ := engine.MatchedAt(res, pick)
 	s.index.NoteRouted(res, pick, tokens-int64(matched), start.UnixMicro())
+	if req.GetFollowsAnswer() {
+		s.index.NoteFollowed(&sc.req, res, pick, start.UnixMicro())
+	}
 }
 
 // appendAffinitySeed appends the seed of contract §3.8: for a non-empty

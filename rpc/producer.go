@@ -18,8 +18,10 @@ import (
 // Malformed content (unbalanced chains, empty or oversized hashes, NaN
 // stats, unknown tiers) is the index's to drop or normalize; it never fails
 // the stream. What the index does not apply is counted by reason (see
-// DropReasons) and logged at most once a minute. A receive error other than
-// the half-close ends the call with that error.
+// DropReasons) and logged at most once a minute. A message that does not
+// decode ends the call with InvalidArgument (the updates before it are
+// applied); another receive error than the half-close ends it with that
+// error.
 //
 // An update with an id over MaxIDBytes is refused whole; the stream goes
 // on, and its end is answered InvalidArgument naming the first such field
@@ -65,6 +67,9 @@ func (s *Service) reportCacheState(stream grpc.ServerStream, recv any, msg *pb.C
 				}
 				return ack(&pb.Ack{Accepted: true})
 			}
+			return err
+		}
+		if err := decodeError(recv); err != nil {
 			return err
 		}
 		if msg.GetTenantId() == policy.ReservedTenantID {
@@ -236,8 +241,12 @@ func (s *Service) PublishEvent(ctx context.Context, ev *pb.CacheEvent) (*pb.Ack,
 // reported stats, sorted by replica id, and the summary: total_prefixes is
 // the (tenant, model)'s distinct key count (as the seed system counts it:
 // every key, across schemes and adapters, swept or not yet), hot_prefixes
-// always 0. The reserved tenant reads as empty.
+// always 0. The reserved tenant reads as empty. A tenant or model id over
+// MaxIDBytes is refused with InvalidArgument (the id rule, limits.go).
 func (s *Service) GetCacheState(_ context.Context, req *pb.GetCacheStateRequest) (*pb.GetCacheStateResponse, error) {
+	if o := stateRequestOversizedID(req); o.found() {
+		return nil, o.refuse("GetCacheStateRequest")
+	}
 	if req.GetTenantId() == policy.ReservedTenantID {
 		return &pb.GetCacheStateResponse{Summary: &pb.CacheSummary{}}, nil
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
@@ -24,9 +25,12 @@ func ServerOptions() []grpc.ServerOption {
 
 // Register registers svc on gs as pb.RegisterInferenceCacheServer does,
 // except that LookupRoute, LookupRouteStream and ReportCacheState decode
-// into reused memory (lookupCall, updateMsg). gs must have been built with
+// into reused memory (lookupCall, updateMsg), and that a request the codec
+// cannot decode is answered InvalidArgument, on every method, rather than
+// grpc-go's Internal (decodeError). gs must have been built with
 // ServerOptions; the handlers stay correct under the standard codec (the
-// pooled types are proto messages), only slower.
+// pooled types are proto messages), only slower, and an undecodable
+// request is then Internal.
 func Register(gs grpc.ServiceRegistrar, svc *Service) {
 	desc := pb.InferenceCache_ServiceDesc
 	desc.Methods = append([]grpc.MethodDesc(nil), desc.Methods...)
@@ -34,6 +38,8 @@ func Register(gs grpc.ServiceRegistrar, svc *Service) {
 	for i := range desc.Methods {
 		if desc.Methods[i].MethodName == "LookupRoute" {
 			desc.Methods[i].Handler = lookupRouteHandler
+		} else {
+			desc.Methods[i].Handler = decodingUnary(desc.Methods[i].Handler)
 		}
 	}
 	for i := range desc.Streams {
@@ -42,9 +48,55 @@ func Register(gs grpc.ServiceRegistrar, svc *Service) {
 			desc.Streams[i].Handler = reportCacheStateHandler
 		case "LookupRouteStream":
 			desc.Streams[i].Handler = lookupRouteStreamHandler
+		default:
+			desc.Streams[i].Handler = decodingStream(desc.Streams[i].Handler)
 		}
 	}
 	gs.RegisterService(&desc, svc)
+}
+
+// decodingUnary wraps a generated unary handler so that its request is
+// decoded through a decodeTarget: a request the codec refuses is answered
+// InvalidArgument. It costs the call one small allocation (cold methods
+// only; LookupRoute has its own handler).
+func decodingUnary(h grpc.MethodHandler) grpc.MethodHandler {
+	return func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+		return h(srv, ctx, func(v any) error {
+			m, ok := v.(proto.Message)
+			if !ok {
+				return dec(v)
+			}
+			t := &decodeTarget{Message: m}
+			if err := dec(t); err != nil {
+				return err
+			}
+			return decodeError(t)
+		}, interceptor)
+	}
+}
+
+// decodingStream wraps a generated stream handler so that every message it
+// receives goes through a decodeTarget (see decodingUnary).
+func decodingStream(h grpc.StreamHandler) grpc.StreamHandler {
+	return func(srv any, stream grpc.ServerStream) error {
+		return h(srv, decodingServerStream{stream})
+	}
+}
+
+// decodingServerStream is a ServerStream whose RecvMsg answers a message
+// the codec refuses with InvalidArgument.
+type decodingServerStream struct{ grpc.ServerStream }
+
+func (s decodingServerStream) RecvMsg(v any) error {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return s.ServerStream.RecvMsg(v)
+	}
+	t := &decodeTarget{Message: m}
+	if err := s.ServerStream.RecvMsg(t); err != nil {
+		return err
+	}
+	return decodeError(t)
 }
 
 // lookupInfo is the interceptors' view of the pooled LookupRoute handler.
@@ -57,6 +109,10 @@ var lookupInfo = &grpc.UnaryServerInfo{FullMethod: pb.InferenceCache_LookupRoute
 func lookupRouteHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 	c := getLookupCall()
 	if err := dec(c); err != nil {
+		putLookupCall(c)
+		return nil, err
+	}
+	if err := decodeError(c); err != nil {
 		putLookupCall(c)
 		return nil, err
 	}
@@ -105,6 +161,10 @@ func lookupRouteStreamHandler(srv any, stream grpc.ServerStream) error {
 			if errors.Is(err, io.EOF) {
 				return nil // the client closed its side: the stream ends OK
 			}
+			return err
+		}
+		if err := decodeError(c); err != nil {
+			putLookupCall(c)
 			return err
 		}
 		if err := stream.SendMsg(s.serveLookup(ctx, c)); err != nil {

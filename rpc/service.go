@@ -40,6 +40,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -76,8 +77,9 @@ const (
 	MaxConcurrentTokenize = 64
 	// MaxIDBytes caps every id a request carries: tenant_id, model_id,
 	// replica_id, hash_scheme and adapter_id (an update's and each prefix
-	// entry's). Longer ids are refused with InvalidArgument on the producer
-	// RPCs and answered NO_HINT by LookupRoute, before the index is read.
+	// entry's). A longer id gets the one id rule (limits.go, docs/wire.md):
+	// NO_HINT from the lookups before the index is read, the fixed answer
+	// of the fail-open stubs, InvalidArgument from every other method.
 	// Kubernetes names, Hugging Face model ids and engine paths fit well
 	// within it.
 	MaxIDBytes = 1024
@@ -92,6 +94,7 @@ type Index interface {
 	AffinityPick(res *engine.LookupResult, tenant, model, scheme string, seed []byte, mode engine.AffinityMode) (string, engine.ContractPick, bool)
 	AdviseByLoad(req *engine.LookupRequest, now int64, res *engine.LookupResult, pick engine.ContractPick, tokens int64) engine.LoadDecision
 	NoteRouted(res *engine.LookupResult, pick engine.ContractPick, uncached, now int64)
+	NoteFollowed(req *engine.LookupRequest, res *engine.LookupResult, pick engine.ContractPick, now int64)
 	Ingest(u *engine.Update, now int64) engine.IngestResult
 	ApplyEvent(ev *engine.Event, now int64)
 	ModelState(tenant, model string) ([]engine.ReplicaStatsView, int64)
@@ -228,18 +231,18 @@ type Service struct {
 	// promptFailOpen counts prompt_text lookups that failed open before
 	// fingerprinting: no tokenizer, a text over MaxPromptTextBytes, every
 	// tokenize slot busy, or a tokenizer error, empty or oversized output.
-	// Handlers add to it; PromptTextFailOpens loads it. lastPromptLog is
-	// the UnixNano of the last WARN about it, CAS-updated by handlers to
-	// rate-limit the log to one a minute.
+	// Handlers add to it; PromptTextFailOpens loads it.
 	promptFailOpen atomic.Int64
-	lastPromptLog  atomic.Int64
 
 	// droppedReports counts producer reports the index did not apply (see
 	// DropReasons); handlers add to it, DroppedReports loads it.
-	// lastDropLog is the UnixNano of the last WARN about them (0: none
-	// yet), CAS-updated by handlers to rate-limit the log to one a minute.
 	droppedReports atomic.Int64
-	lastDropLog    atomic.Int64
+
+	// The WARN lines requests can trigger, each at most once a minute (the
+	// next one counts those held back): prompt_text fail-opens, dropped
+	// producer reports, lookups with an oversized id. Immutable pointers to
+	// lock-free limiters.
+	promptLog, dropLog, oversizedLookupLog *ratelog.Limiter
 
 	// batcher combines concurrent report streams' updates into IngestBatch
 	// calls; nil when the index cannot batch (then every update goes
@@ -345,6 +348,9 @@ func NewService(cfg Config) (*Service, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.promptLog = ratelog.NewWithClock(1, time.Minute, s.now)
+	s.dropLog = ratelog.NewWithClock(1, time.Minute, s.now)
+	s.oversizedLookupLog = ratelog.NewWithClock(1, time.Minute, s.now)
 	s.scratch.New = func() any { return new(lookupScratch) }
 	s.lookupUnary = s.serveLookupUnary
 	if bi, ok := cfg.Index.(batchIndex); ok {

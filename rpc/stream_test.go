@@ -197,8 +197,8 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 func (rawCodec) Name() string { return "proto" }
 
 // TestLookupRouteStreamMalformedMessage: a message that does not decode
-// ends the stream with grpc-go's INTERNAL status, as it fails a unary call;
-// the answers before it were delivered and the server keeps serving.
+// ends the stream with INVALID_ARGUMENT, as it fails a unary call; the
+// answers before it were delivered and the server keeps serving.
 func TestLookupRouteStreamMalformedMessage(t *testing.T) {
 	env := newEnv(t, envOpts{})
 	env.seed(t, "team")
@@ -240,8 +240,8 @@ func TestLookupRouteStreamMalformedMessage(t *testing.T) {
 	if err := st.SendMsg(&bad); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.RecvMsg(&out); status.Code(err) != codes.Internal {
-		t.Fatalf("after a malformed message: %v, want INTERNAL", err)
+	if err := st.RecvMsg(&out); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("after a malformed message: %v, want INVALID_ARGUMENT", err)
 	}
 	// The server still answers, on a new stream.
 	client := pb.NewInferenceCacheClient(conn)

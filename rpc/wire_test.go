@@ -85,6 +85,7 @@ var wireFields = []fieldSpec{
 	{"LookupRouteRequest", "token_ids", 9, u32, true, "", upstream},
 	{"LookupRouteRequest", "prompt_text", 10, str, false, "", upstream},
 	{"LookupRouteRequest", "adapter_id", 11, str, false, "", upstream},
+	{"LookupRouteRequest", "follows_answer", 12, bl, false, "", extension},
 
 	{"ReplicaScore", "replica_id", 1, str, false, "", upstream},
 	{"ReplicaScore", "score", 2, f32, false, "", upstream},

@@ -7,12 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/inferencecache/inferencecache/bus"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -35,13 +35,23 @@ type NATSConfig struct {
 // busApplier applies stream messages through the Service's own producer
 // handlers, so a report means the same whether it came over gRPC or NATS.
 // One goroutine (the consumer's) calls apply.
+//
+// A message is applied only when its subject is the one of its payload's
+// (tenant, model): NATS subject permissions are the tenant boundary on the
+// bus (a producer allowed to publish on <stream>.teamA.* only), so a
+// payload naming another tenant or model than its subject is dropped.
 type busApplier struct {
-	s   *Server
-	log *slog.Logger
+	s      *Server
+	log    *slog.Logger
+	stream string // the stream's name, its subjects' first token
+	// subj is the scratch subject of the payload being checked (the
+	// consumer's goroutine only).
+	subj []byte
 	// drops counts messages not applied, by reason; read by metrics.
-	malformed, refused, panics atomic.Uint64
-	// lastWarn rate-limits the drop log (unix nanos).
-	lastWarn atomic.Int64
+	malformed, refused, panics, subject atomic.Uint64
+	// One limiter per log call site a stream message can trigger (the
+	// zero value: one line per 10 s, the next counting those held back).
+	malformedUpdateLog, refusedUpdateLog, malformedEventLog, refusedEventLog, panicLog, subjectLog ratelog.Limiter
 }
 
 // Reasons of inferencecache_bus_messages_dropped_total.
@@ -49,7 +59,21 @@ const (
 	busDropMalformed = "malformed" // the payload does not decode
 	busDropRefused   = "refused"   // the handler refused it (an oversized id)
 	busDropPanic     = "panic"     // the handler panicked (a bug; logged with the stack)
+	busDropSubject   = "subject"   // the subject is not the payload's (tenant, model)
 )
+
+// subjectMatches reports whether subject is the one of (tenant, model), and
+// counts and logs the drop when not.
+func (a *busApplier) subjectMatches(m *bus.Message, tenant, model string) bool {
+	a.subj = bus.AppendSubject(a.subj[:0], a.stream, tenant, model)
+	if string(a.subj) == m.Subject {
+		return true
+	}
+	a.subject.Add(1)
+	a.subjectLog.Warn(context.Background(), a.log, "dropping a NATS message whose subject is not its payload's tenant and model", "subject", m.Subject, "seq", m.Seq,
+		"payload_subject", string(a.subj))
+	return false
+}
 
 func (a *busApplier) apply(batch []bus.Message) {
 	for len(batch) > 0 {
@@ -74,7 +98,7 @@ func (a *busApplier) updates(msgs []bus.Message) {
 	st := &busStream{ctx: context.Background(), msgs: msgs, a: a}
 	if err := a.s.service.ReportCacheState(st); err != nil {
 		a.refused.Add(1)
-		a.warn("a NATS update was refused", "err", err)
+		a.refusedUpdateLog.Warn(context.Background(), a.log, "a NATS update was refused", "err", err)
 	}
 }
 
@@ -83,7 +107,10 @@ func (a *busApplier) event(m bus.Message) {
 	var ev pb.CacheEvent
 	if err := bus.DecodeEvent(m.Data, &ev); err != nil {
 		a.malformed.Add(1)
-		a.warn("skipping a malformed NATS event", "subject", m.Subject, "seq", m.Seq, "err", err)
+		a.malformedEventLog.Warn(context.Background(), a.log, "skipping a malformed NATS event", "subject", m.Subject, "seq", m.Seq, "err", err)
+		return
+	}
+	if !a.subjectMatches(&m, ev.GetTenantId(), ev.GetModelId()) {
 		return
 	}
 	if ev.TimestampUs == 0 {
@@ -91,25 +118,15 @@ func (a *busApplier) event(m bus.Message) {
 	}
 	if _, err := a.s.service.PublishEvent(context.Background(), &ev); err != nil {
 		a.refused.Add(1)
-		a.warn("a NATS event was refused", "subject", m.Subject, "seq", m.Seq, "err", err)
+		a.refusedEventLog.Warn(context.Background(), a.log, "a NATS event was refused", "subject", m.Subject, "seq", m.Seq, "err", err)
 	}
 }
 
 func (a *busApplier) recover() {
 	if r := recover(); r != nil {
 		a.panics.Add(1)
-		a.s.log.Error("BUG: panic applying a NATS message; skipped", "panic", r)
+		a.panicLog.Error(context.Background(), a.s.log, "BUG: panic applying a NATS message; skipped", "panic", r)
 	}
-}
-
-// warn logs at most once per 10 s at WARN, else at DEBUG.
-func (a *busApplier) warn(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	if last := a.lastWarn.Load(); now-last > int64(10*time.Second) && a.lastWarn.CompareAndSwap(last, now) {
-		a.log.Warn(msg, args...)
-		return
-	}
-	a.log.Debug(msg, args...)
 }
 
 // busStream presents stream messages to Service.ReportCacheState as a
@@ -133,7 +150,10 @@ func (s *busStream) RecvMsg(m any) error {
 		s.msgs = s.msgs[1:]
 		if err := bus.DecodeUpdate(msg.Data, u); err != nil {
 			s.a.malformed.Add(1)
-			s.a.warn("skipping a malformed NATS update", "subject", msg.Subject, "seq", msg.Seq, "err", err)
+			s.a.malformedUpdateLog.Warn(s.ctx, s.a.log, "skipping a malformed NATS update", "subject", msg.Subject, "seq", msg.Seq, "err", err)
+			continue
+		}
+		if !s.a.subjectMatches(&msg, u.GetTenantId(), u.GetModelId()) {
 			continue
 		}
 		if u.TimestampUs == 0 {
@@ -166,9 +186,14 @@ func (s *Server) newBus() error {
 	if err != nil {
 		return err
 	}
-	s.busApp = &busApplier{s: s, log: s.log}
+	stream := c.Stream
+	if err := stream.Validate(); err != nil { // fills the default name
+		nc.Close()
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	s.busApp = &busApplier{s: s, log: s.log, stream: stream.Name}
 	s.bus, err = bus.NewConsumer(nc, bus.ConsumerConfig{
-		Stream: c.Stream, Filters: c.Filters, Apply: s.busApp.apply, ReadyLag: c.ReadyLag, Logger: s.log,
+		Stream: stream, Filters: c.Filters, Apply: s.busApp.apply, ReadyLag: c.ReadyLag, Logger: s.log,
 	})
 	if err != nil {
 		nc.Close()
@@ -196,7 +221,7 @@ func (s *Server) registerBusMetrics() {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help, ConstLabels: labels}, f)
 	}
 	const msgsHelp = "NATS messages applied, by kind (update, event, unknown: skipped)."
-	const dropHelp = "NATS messages not applied, by reason (malformed, refused, panic)."
+	const dropHelp = "NATS messages not applied, by reason (malformed, refused, panic, subject: not the payload's tenant and model)."
 	s.metrics.Registry().MustRegister(
 		gauge("connected", "1 while the server is connected to NATS.", func() float64 { return b2f(p().Connected) }),
 		gauge("caught_up", "1 once the server caught up with the stream after its start (it is ready from then on).", func() float64 { return b2f(p().CaughtUp) }),
@@ -218,6 +243,7 @@ func (s *Server) registerBusMetrics() {
 		counter("messages_dropped_total", dropHelp, prometheus.Labels{"reason": busDropMalformed}, func() float64 { return float64(s.busApp.malformed.Load()) }),
 		counter("messages_dropped_total", dropHelp, prometheus.Labels{"reason": busDropRefused}, func() float64 { return float64(s.busApp.refused.Load()) }),
 		counter("messages_dropped_total", dropHelp, prometheus.Labels{"reason": busDropPanic}, func() float64 { return float64(s.busApp.panics.Load()) }),
+		counter("messages_dropped_total", dropHelp, prometheus.Labels{"reason": busDropSubject}, func() float64 { return float64(s.busApp.subject.Load()) }),
 	)
 }
 

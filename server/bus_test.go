@@ -3,11 +3,13 @@ package server_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/inferencecache/inferencecache/bus"
 	"github.com/inferencecache/inferencecache/bus/bustest"
@@ -184,5 +186,152 @@ func TestServerNATSBadMessages(t *testing.T) {
 	}
 	if got := metric(t, srv, "inferencecache_bus_messages_total", "kind=unknown"); got != 1 {
 		t.Errorf("unknown kinds %v, want 1", got)
+	}
+}
+
+// rawPublish stores m in the stream as is (no publisher-side subject).
+func rawPublish(t *testing.T, url string, subject string, kind bus.Kind, m proto.Message) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(tctx(t), &nats.Msg{Subject: subject, Data: data, Header: nats.Header{bus.HeaderKind: []string{kind.String()}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Subject permissions are the tenant boundary on the bus: a producer that
+// may publish on S.teamA.* must not write team B's index by naming team B
+// in the payload. A message whose subject is not its payload's (tenant,
+// model) is dropped and counted; the ones that match are applied, long
+// (hashed) ids included.
+func TestServerNATSSubjectMustMatchPayload(t *testing.T) {
+	ns := bustest.Start(t)
+	srv := start(t, natsConfig(ns.URL())).Server
+	teamA := bus.Subject("S", "teamA", "m")
+	intruder := update("r1", 1, 2)
+	intruder.TenantId = "teamB"
+	rawPublish(t, ns.URL(), teamA, bus.KindUpdate, intruder)
+	otherModel := update("r1", 3)
+	otherModel.TenantId = "teamA"
+	otherModel.ModelId = "m2"
+	rawPublish(t, ns.URL(), teamA, bus.KindUpdate, otherModel)
+	rawPublish(t, ns.URL(), teamA, bus.KindEvent, &pb.CacheEvent{Type: pb.CacheEvent_ALL_CLEARED, ReplicaId: "r9", TenantId: "teamB", ModelId: "m"})
+
+	own := update("r1", 4, 5, 6)
+	own.TenantId = "teamA"
+	rawPublish(t, ns.URL(), teamA, bus.KindUpdate, own)
+	long := strings.Repeat("x/", 200) // hashed into its token
+	hashed := update("r1", 7)
+	hashed.TenantId, hashed.ModelId = "teamA", long
+	rawPublish(t, ns.URL(), bus.Subject("S", "teamA", long), bus.KindUpdate, hashed)
+
+	waitFor(t, "the last update", func() bool { _, keys := srv.Engine().ModelState("teamA", long); return keys == 1 })
+	if _, keys := srv.Engine().ModelState("teamA", "m"); keys != 3 {
+		t.Fatalf("team A's own update: %d keys, want 3", keys)
+	}
+	if _, keys := srv.Engine().ModelState("teamB", "m"); keys != 0 {
+		t.Fatalf("team B's index holds %d keys written through team A's subject", keys)
+	}
+	if _, keys := srv.Engine().ModelState("teamA", "m2"); keys != 0 {
+		t.Fatalf("model m2 holds %d keys written through model m's subject", keys)
+	}
+	if got := metric(t, srv, "inferencecache_bus_messages_dropped_total", "reason=subject"); got != 3 {
+		t.Fatalf("subject drops %v, want 3", got)
+	}
+}
+
+// The server creates a missing stream with its byte bound (and its age).
+func TestServerNATSCreatesStreamWithByteBound(t *testing.T) {
+	ns := bustest.Start(t)
+	cfg := natsConfig(ns.URL())
+	cfg.NATS.Stream.MaxBytes = 5 << 20
+	start(t, cfg)
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(tctx(t), "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.CachedInfo().Config; c.MaxBytes != 5<<20 || c.MaxAge != bus.Retention(bus.DefaultMaxTTL, bus.DefaultRefresh) || c.Discard != jetstream.DiscardOld {
+		t.Fatalf("stream config MaxBytes %d MaxAge %v Discard %v", c.MaxBytes, c.MaxAge, c.Discard)
+	}
+}
+
+// What the byte bound means for a new server: once the stream is full the
+// oldest reports go first, so the replay window is shorter than the TTL.
+// A new server turns ready on what is left (it cannot know what was
+// discarded): a block reported only before the cut is missing from its
+// index, a block re-reported (the subscriber's refresh) after it is there,
+// and no eviction is replayed without the adds that came after it.
+func TestServerNATSByteBoundShortensTheReplay(t *testing.T) {
+	ns := bustest.Start(t)
+	nc, err := bus.Connect(ns.URL(), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	const bound = 256 << 10
+	p, err := bus.NewPublisher(nc, bus.PublisherConfig{Stream: bus.StreamConfig{Name: "S", MaxBytes: bound}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := tctx(t)
+	subj := bus.Subject("S", "t", "m")
+	pub := func(u *pb.CacheStateUpdate) {
+		t.Helper()
+		if err := p.Publish(ctx, subj, bus.KindUpdate, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub(update("old", 1))     // reported once, before the cut
+	pub(update("kept", 2, 3)) // reported before the cut, refreshed after it
+	filler := make([]uint64, 500)
+	for i := range filler {
+		filler[i] = uint64(1000 + i)
+	}
+	for range 40 { // ~40 × 12 KB: the bound discards the first reports
+		pub(update("busy", filler...))
+	}
+	pub(update("kept", 2, 3)) // the refresh
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.JetStream().Stream(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := s.CachedInfo().State; st.FirstSeq <= 2 || st.Bytes > bound {
+		t.Fatalf("stream state %+v: the bound discarded nothing", st)
+	}
+
+	srv := start(t, natsConfig(ns.URL())).Server // start returns once ready
+	has := func(replica string) int64 {
+		for _, r := range srv.Engine().Snapshot().Replicas {
+			if r.ReplicaID == replica {
+				return r.PrefixCount
+			}
+		}
+		return 0
+	}
+	if has("old") != 0 || has("kept") != 2 || has("busy") != int64(len(filler)) {
+		t.Fatalf("ready with old %d (want 0: discarded), kept %d (want 2: refreshed after the cut), busy %d", has("old"), has("kept"), has("busy"))
 	}
 }

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"runtime/debug"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	"github.com/inferencecache/inferencecache/servermetrics"
 )
 
@@ -30,11 +32,29 @@ import (
 // carry the panic value: that may hold request data or internals.
 var errInternal = status.Error(codes.Internal, "internal error: the handler failed; the server logged the details")
 
-// recovered counts and logs a recovered panic.
+// recovered counts and logs a recovered panic. A client that hits a bug
+// can repeat it, so the log is rate-limited per listener (panicLogs): a
+// burst of 5, then one line per 10 s, each counting those held back; the
+// counter counts every one.
 func (s *Server) recovered(listener, what string, p any) {
 	s.metrics.RecoveredPanic(listener)
-	s.log.Error("recovered a panic in a handler; the request failed, the server goes on",
-		"listener", listener, "handler", what, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	lim := s.panicLogs[listener]
+	if lim == nil {
+		lim = s.panicLogs[servermetrics.ListenerGRPC]
+	}
+	if n, ok := lim.Allow(); ok {
+		s.log.Error("recovered a panic in a handler; the request failed, the server goes on",
+			"listener", listener, "handler", what, "panic", fmt.Sprint(p), "stack", string(debug.Stack()), ratelog.SuppressedKey, n)
+	}
+}
+
+// newPanicLogs builds the per-listener panic log limiters (Server.panicLogs).
+func newPanicLogs() map[string]*ratelog.Limiter {
+	m := map[string]*ratelog.Limiter{}
+	for _, l := range []string{servermetrics.ListenerGRPC, servermetrics.ListenerHTTP, servermetrics.ListenerControl} {
+		m[l] = ratelog.New(5, 10*time.Second)
+	}
+	return m
 }
 
 // recoverUnary is the outermost unary interceptor.

@@ -51,6 +51,7 @@ import (
 	"github.com/inferencecache/inferencecache/controlserver"
 	"github.com/inferencecache/inferencecache/controlserver/auth"
 	"github.com/inferencecache/inferencecache/engine"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	"github.com/inferencecache/inferencecache/picker"
 	"github.com/inferencecache/inferencecache/policy"
 	"github.com/inferencecache/inferencecache/probe"
@@ -114,8 +115,20 @@ type Config struct {
 	EnablePprof bool
 
 	// MetricsModels always get their own lookup series (--metrics-models);
-	// other models get them only while the index holds keys for them.
+	// other models get them only while the index holds keys for them and
+	// they are among the MetricsMaxModels busiest.
 	MetricsModels []string
+	// MetricsMaxModels bounds the models the index holds that keep series
+	// of their own, the busiest first (--metrics-max-models); 0 means
+	// servermetrics.DefaultMaxModels.
+	MetricsMaxModels int
+	// MetricsMaxScrapes bounds the /metrics scrapes gathering at once, more
+	// answered 503 (--metrics-max-scrapes); 0 means
+	// servermetrics.DefaultMaxScrapesInFlight.
+	MetricsMaxScrapes int
+	// MetricsScrapeTimeout bounds one /metrics scrape, answered 503 past it
+	// (--metrics-scrape-timeout); 0 means servermetrics.DefaultScrapeTimeout.
+	MetricsScrapeTimeout time.Duration
 	// MetricsModelGrace is how long a model that drained to 0 keys keeps its
 	// own series (--metrics-model-grace); 0 means
 	// servermetrics.DefaultModelGrace.
@@ -179,22 +192,25 @@ type Config struct {
 // AllowedControllerSA must still be set, or InsecureDisableAuth).
 func DefaultConfig() Config {
 	return Config{
-		GRPCAddr:           DefaultGRPCAddr,
-		HTTPAddr:           DefaultHTTPAddr,
-		InternalAddr:       DefaultInternalAddr,
-		MaxIndexEntries:    engine.DefaultMaxEntries,
-		EngineBlockSize:    rpc.DefaultEngineBlockSize,
-		SweepInterval:      engine.DefaultSweepInterval,
-		Load:               engine.DefaultLoadConfig(),
-		ControllerAudience: DefaultControllerAudience,
-		PolicyAudience:     DefaultPolicyAudience,
-		KeepaliveTime:      DefaultKeepaliveTime,
-		KeepaliveTimeout:   DefaultKeepaliveTimeout,
-		KeepaliveMinTime:   DefaultKeepaliveMinTime,
-		MaxRecvMsgBytes:    DefaultMaxRecvMsgBytes,
-		DrainTimeout:       DefaultDrainTimeout,
-		MetricsModelGrace:  servermetrics.DefaultModelGrace,
-		Picker:             PickerConfig{Addr: DefaultPickerAddr},
+		GRPCAddr:             DefaultGRPCAddr,
+		HTTPAddr:             DefaultHTTPAddr,
+		InternalAddr:         DefaultInternalAddr,
+		MaxIndexEntries:      engine.DefaultMaxEntries,
+		EngineBlockSize:      rpc.DefaultEngineBlockSize,
+		SweepInterval:        engine.DefaultSweepInterval,
+		Load:                 engine.DefaultLoadConfig(),
+		ControllerAudience:   DefaultControllerAudience,
+		PolicyAudience:       DefaultPolicyAudience,
+		KeepaliveTime:        DefaultKeepaliveTime,
+		KeepaliveTimeout:     DefaultKeepaliveTimeout,
+		KeepaliveMinTime:     DefaultKeepaliveMinTime,
+		MaxRecvMsgBytes:      DefaultMaxRecvMsgBytes,
+		DrainTimeout:         DefaultDrainTimeout,
+		MetricsModelGrace:    servermetrics.DefaultModelGrace,
+		MetricsMaxModels:     servermetrics.DefaultMaxModels,
+		MetricsMaxScrapes:    servermetrics.DefaultMaxScrapesInFlight,
+		MetricsScrapeTimeout: servermetrics.DefaultScrapeTimeout,
+		Picker:               PickerConfig{Addr: DefaultPickerAddr},
 	}
 }
 
@@ -210,6 +226,9 @@ var (
 type Server struct {
 	cfg Config
 	log *slog.Logger
+	// panicLogs rate-limits the recovered-panic log per listener (built by
+	// New, read-only afterwards; the limiters are safe for concurrent use).
+	panicLogs map[string]*ratelog.Limiter
 	// instanceID is random per New: producers read it from the gRPC
 	// response headers of ReportCacheState and PublishEvent, the
 	// controller from /snapshot, and both take a change for a restart.
@@ -273,8 +292,11 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: log, instanceID: id, readyCh: make(chan struct{}), tls: creds != nil}
-	s.metrics, err = servermetrics.NewWithOptions(servermetrics.Options{Models: cfg.MetricsModels, ModelGrace: cfg.MetricsModelGrace})
+	s := &Server{cfg: cfg, log: log, instanceID: id, readyCh: make(chan struct{}), tls: creds != nil, panicLogs: newPanicLogs()}
+	s.metrics, err = servermetrics.NewWithOptions(servermetrics.Options{
+		Models: cfg.MetricsModels, MaxModels: cfg.MetricsMaxModels, ModelGrace: cfg.MetricsModelGrace,
+		MaxScrapesInFlight: cfg.MetricsMaxScrapes, ScrapeTimeout: cfg.MetricsScrapeTimeout,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: --metrics-models or --metrics-model-grace: %w", ErrInvalidConfig, err)
 	}
@@ -435,6 +457,12 @@ func validate(cfg *Config) error {
 		return fmt.Errorf("%w: negative max receive message size %d", ErrInvalidConfig, cfg.MaxRecvMsgBytes)
 	case cfg.MetricsModelGrace < 0:
 		return fmt.Errorf("%w: negative --metrics-model-grace %v", ErrInvalidConfig, cfg.MetricsModelGrace)
+	case cfg.MetricsMaxModels < 0:
+		return fmt.Errorf("%w: negative --metrics-max-models %d", ErrInvalidConfig, cfg.MetricsMaxModels)
+	case cfg.MetricsMaxScrapes < 0:
+		return fmt.Errorf("%w: negative --metrics-max-scrapes %d", ErrInvalidConfig, cfg.MetricsMaxScrapes)
+	case cfg.MetricsScrapeTimeout < 0:
+		return fmt.Errorf("%w: negative --metrics-scrape-timeout %v", ErrInvalidConfig, cfg.MetricsScrapeTimeout)
 	case cfg.Load.Validate() != nil:
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, cfg.Load.Validate())
 	case cfg.MaxClockSkew < 0:

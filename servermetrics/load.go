@@ -10,7 +10,10 @@ import (
 
 // Load-aware routing gauges (docs/metrics.md, docs/routing.md), read from
 // the engine at scrape time: one series per (tenant, model, replica) with a
-// fresh load report, so they come and go with the fleet.
+// fresh load report, so they come and go with the fleet, for the models
+// with series of their own (the bounded model label, see the package doc);
+// the replicas of every other model are summed into one series per family
+// whose three labels read OtherModel.
 const (
 	NameReplicaQueueTokens      = "inferencecache_replica_queue_tokens"
 	NameReplicaInflightRequests = "inferencecache_replica_inflight_requests"
@@ -18,6 +21,7 @@ const (
 
 type loadCollector struct {
 	src      func(now int64, fn func(engine.LoadView))
+	own      func(model string) bool
 	queue    *prometheus.Desc
 	inflight *prometheus.Desc
 }
@@ -29,6 +33,7 @@ func (m *Metrics) RegisterLoads(src func(now int64, fn func(engine.LoadView))) {
 	labels := []string{"tenant_id", "model", "replica_id"}
 	m.reg.MustRegister(&loadCollector{
 		src: src,
+		own: m.ownSeries,
 		queue: prometheus.NewDesc(NameReplicaQueueTokens,
 			"Prefill work, in tokens, the server estimates is queued ahead of a new request on the replica: its last load report, plus what the server routed there since, minus the prefills its KV events showed complete since. Only replicas with a fresh load report.",
 			labels, nil),
@@ -44,11 +49,26 @@ func (c *loadCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
+	var (
+		others          bool
+		queue, inflight float64 // sums over the replicas of the other models
+	)
 	c.src(time.Now().UnixMicro(), func(v engine.LoadView) {
 		if !v.Fresh {
 			return
 		}
+		in := v.InFlight
+		if !c.own(v.Model) {
+			others = true
+			queue += v.QueueTokens
+			inflight += in
+			return
+		}
 		ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, v.QueueTokens, v.Tenant, v.Model, v.Replica)
-		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, v.InFlight, v.Tenant, v.Model, v.Replica)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, in, v.Tenant, v.Model, v.Replica)
 	})
+	if others {
+		ch <- prometheus.MustNewConstMetric(c.queue, prometheus.GaugeValue, queue, OtherModel, OtherModel, OtherModel)
+		ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, inflight, OtherModel, OtherModel, OtherModel)
+	}
 }

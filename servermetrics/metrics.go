@@ -18,28 +18,43 @@
 //     RetireDrainedModels periodically.
 //
 // Bounded model label. The model label of the lookup series comes from
-// requests, so it is not trusted: a model has its own lookup series only
-// while the index holds keys for it (SetIndexEntries reported n > 0) or
-// when it is configured (Options.Models). Every other model, including
-// those of UNKNOWN_MODEL answers and of the reserved tenant, is recorded
-// under the one shared value OtherModel. A model that drains to 0 keys
-// keeps its series, index_entries reading 0, for Options.ModelGrace; then
+// requests, and the index can hold any number of models, so neither is
+// taken as is. A model has its own lookup and index_entries series only
+// when it is configured (Options.Models), or when the index holds keys for
+// it (SetIndexEntries reported n > 0) and it is among the MaxModels
+// busiest such models. Busiest means the most lookups since the previous
+// ranking pass (RetireDrainedModels, every sweep interval), ties going to
+// the models that already have series, then to the most keys, then to the
+// smallest name; until the first pass, models get series in the order the
+// index reports them while there is room. Every other model (not held, not
+// ranked, over MaxModelLabelBytes, named OtherModel or not UTF-8) is
+// recorded under the one shared value OtherModel: its lookups in the
+// OtherModel lookup series, its keys in index_entries{model=OtherModel}
+// (created when the first model is aggregated), so index_entries still
+// sums to the index's keys. A model that drains to 0 keys keeps its
+// series, index_entries reading 0, for Options.ModelGrace; then
 // RetireDrainedModels removes them. The series count is thus bounded by
-// the models the index holds, plus the configured ones, plus one.
+// MaxModels plus the configured models plus one, whatever the index and
+// the clients hold. The replica load gauges (RegisterLoads) follow the
+// same set: a replica of a model without series of its own is summed into
+// one series per family labeled OtherModel.
 //
-// ObserveLookup is on the LookupRoute hot path. A model's series are
-// resolved when it becomes known and found with one lock-free map load;
-// its call counters are resolved once per (reason code, hint used). A
-// steady-state call is that load, a short scan of the model's counters and
-// the counter and histogram updates (atomics inside client_golang): no
-// allocation and no lock. A *Metrics is safe for concurrent use; the zero
-// value is not usable (call New or NewWithOptions).
+// ObserveLookup is on the LookupRoute hot path. A model's entry is found
+// with one lock-free map load, its lookup count (for the ranking) is one
+// atomic add, its series one atomic load; its call counters are resolved
+// once per (reason code, hint used). A steady-state call is that, a short
+// scan of the model's counters and the counter and histogram updates
+// (atomics inside client_golang): no allocation and no lock. A *Metrics is
+// safe for concurrent use; the zero value is not usable (call New or
+// NewWithOptions).
 package servermetrics
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -70,16 +85,31 @@ const (
 	tenantEvictionReason = "over_entries"
 )
 
-// OtherModel is the model label value shared by every lookup whose model
-// has no series of its own: not held by the index (nor drained within the
-// grace period) and not configured. A model literally named OtherModel
-// never gets its own series (nor an index_entries series).
+// OtherModel is the model label value shared by every model without series
+// of its own: not held by the index (nor drained within the grace period),
+// or held but not among the MaxModels busiest, and not configured. A model
+// literally named OtherModel never gets its own series; its keys count in
+// index_entries{model=OtherModel} with the other aggregated models'.
 const OtherModel = "__other__"
 
 // MaxModelLabelBytes is the longest model id that can get its own series;
 // a longer one is recorded under OtherModel. It equals the id cap of the
 // gRPC handlers (rpc.MaxIDBytes), so an id the index can hold fits.
 const MaxModelLabelBytes = 1024
+
+// DefaultMaxModels is how many models the index holds keep series of
+// their own when Options.MaxModels is 0 (--metrics-max-models). About 25
+// exposition lines each.
+const DefaultMaxModels = 64
+
+// DefaultMaxScrapesInFlight is how many /metrics scrapes gather at once
+// when Options.MaxScrapesInFlight is 0; the next ones are answered 503.
+const DefaultMaxScrapesInFlight = 4
+
+// DefaultScrapeTimeout bounds one /metrics scrape when Options.ScrapeTimeout
+// is 0 (Prometheus's own default scrape timeout); past it the scrape is
+// answered 503.
+const DefaultScrapeTimeout = 10 * time.Second
 
 // DefaultModelGrace is how long a model that drained to 0 keys keeps its
 // own series when Options.ModelGrace is 0. It outlasts an engine restart
@@ -122,23 +152,63 @@ type Metrics struct {
 	other *modelSeries
 	grace time.Duration
 	now   func() time.Time
+	// maxModels, maxScrapes and scrapeTimeout are the normalized Options.
+	maxModels, maxScrapes int
+	scrapeTimeout         time.Duration
 
 	// mu serializes the writers of the model registry (SetIndexEntries,
-	// RetireDrainedModels) and guards retiring and the fields of
-	// modelSeries documented as guarded by it. ObserveLookup never takes it.
+	// RetireDrainedModels) and guards the fields below and those of
+	// modelEntry and modelSeries documented as guarded by it.
+	// ObserveLookup never takes it.
 	mu sync.Mutex
-	// models maps each model with its own series to them. Written under
-	// mu; ObserveLookup reads it with lock-free loads.
-	models *xsync.MapOf[string, *modelSeries]
-	// retiring holds the models RetireDrainedModels removed from models on
-	// its previous pass; their series are deleted on the next pass (a
-	// lookup that loaded one just before its removal still lands in an
-	// exported series) unless their keys come back first. Guarded by mu.
-	retiring map[string]*modelSeries
+	// models maps each model the index holds (or held within the grace
+	// period) and each configured model to its entry. Written under mu;
+	// ObserveLookup and the load collector read it with lock-free loads.
+	models *xsync.MapOf[string, *modelEntry]
+	// ranked counts the models that have series of their own and are not
+	// configured, those in retiring included: at most maxModels.
+	ranked int
+	// otherKeys is the sum of the keys of the held models without series
+	// of their own, exported as index_entries{model=OtherModel} through
+	// otherEntries (nil until the first such model).
+	otherKeys    int64
+	otherEntries prometheus.Gauge
+	// retiring holds the models with series of their own that
+	// RetireDrainedModels removed from models on its previous pass; their
+	// series are deleted on the next pass (a lookup that loaded one just
+	// before its removal still lands in an exported series) unless their
+	// keys come back first. They keep their place in ranked until then.
+	retiring map[string]*modelEntry
 
 	// pickerMetrics is set once by RegisterPicker; deleteSeries loads it
 	// to delete a retired model's picker series too.
 	pickerMetrics atomic.Pointer[PickerMetrics]
+}
+
+// modelEntry is one model the registry tracks: configured, or held by the
+// index (or drained within the grace period).
+type modelEntry struct {
+	model string
+	// series is the model's own series, nil while its lookups and keys
+	// count under OtherModel. Stored under Metrics.mu; loaded by lookups.
+	series atomic.Pointer[modelSeries]
+	// lookups counts the lookups naming the model; added by ObserveLookup,
+	// read by the ranking pass.
+	lookups atomic.Int64
+
+	// Guarded by Metrics.mu:
+	// ownable is false for a model that can never have series of its own
+	// (see ownLabel).
+	ownable bool
+	// configured models always have series and never retire.
+	configured bool
+	// keys is the index's last count for the model.
+	keys int64
+	// rankedLookups is lookups at the previous ranking pass.
+	rankedLookups int64
+	// drainedAt is when the index last reported 0 keys for the model; zero
+	// while it holds keys.
+	drainedAt time.Time
 }
 
 // modelSeries is one model's series (or the shared OtherModel ones).
@@ -159,15 +229,9 @@ type modelSeries struct {
 	// first used; stored once under mu, loaded lock-free.
 	picker atomic.Pointer[pickerSeries]
 
-	// Guarded by Metrics.mu:
-	// entries is the model's index_entries child, nil until the index
-	// reports the model.
+	// entries is the model's index_entries child, nil until set; guarded
+	// by Metrics.mu.
 	entries prometheus.Gauge
-	// configured models never retire.
-	configured bool
-	// drainedAt is when the index last reported 0 keys for the model; zero
-	// while it holds keys.
-	drainedAt time.Time
 }
 
 type callSeries struct {
@@ -182,9 +246,19 @@ type Options struct {
 	// holds them (--metrics-models). Each must be non-empty, valid UTF-8,
 	// at most MaxModelLabelBytes long and not OtherModel.
 	Models []string
+	// MaxModels is how many of the models the index holds keep series of
+	// their own, the busiest first (--metrics-max-models); 0 means
+	// DefaultMaxModels. The configured Models come on top.
+	MaxModels int
 	// ModelGrace is how long a model that drained to 0 keys keeps its own
 	// series; 0 means DefaultModelGrace.
 	ModelGrace time.Duration
+	// MaxScrapesInFlight bounds the /metrics scrapes gathering at once (more
+	// are answered 503); 0 means DefaultMaxScrapesInFlight.
+	MaxScrapesInFlight int
+	// ScrapeTimeout bounds one /metrics scrape (past it the scrape is
+	// answered 503); 0 means DefaultScrapeTimeout.
+	ScrapeTimeout time.Duration
 	// Now is the clock of the grace period; nil means time.Now.
 	Now func() time.Time
 }
@@ -204,8 +278,15 @@ func New() *Metrics {
 // NewWithOptions builds the metric set on a fresh registry with the Go and
 // process collectors. server_up and grpc_tls_enabled start at 0.
 func NewWithOptions(o Options) (*Metrics, error) {
-	if o.ModelGrace < 0 {
+	switch {
+	case o.ModelGrace < 0:
 		return nil, fmt.Errorf("%w: negative model grace period %v", ErrInvalidOptions, o.ModelGrace)
+	case o.MaxModels < 0:
+		return nil, fmt.Errorf("%w: negative max models %d", ErrInvalidOptions, o.MaxModels)
+	case o.MaxScrapesInFlight < 0:
+		return nil, fmt.Errorf("%w: negative max scrapes in flight %d", ErrInvalidOptions, o.MaxScrapesInFlight)
+	case o.ScrapeTimeout < 0:
+		return nil, fmt.Errorf("%w: negative scrape timeout %v", ErrInvalidOptions, o.ScrapeTimeout)
 	}
 	for _, model := range o.Models {
 		if model == "" || !ownLabel(model) {
@@ -225,15 +306,15 @@ func NewWithOptions(o Options) (*Metrics, error) {
 		}),
 		indexEntries: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: Namespace, Name: "index_entries",
-			Help: "Distinct (tenant, model, hash_scheme, adapter, prefix_hash) keys the index holds per model, reserved tenant excluded.",
+			Help: "Distinct (tenant, model, hash_scheme, adapter, prefix_hash) keys the index holds per model, reserved tenant excluded. Models without series of their own are summed under model=\"" + OtherModel + "\".",
 		}, []string{"model"}),
 		lookupCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "lookup_route_calls_total",
-			Help: "LookupRoute calls by model and outcome; hint_used is true when replica_scores was non-empty. Models the index does not hold share model=\"" + OtherModel + "\".",
+			Help: "LookupRoute calls by model and outcome; hint_used is true when replica_scores was non-empty. Models the index does not hold, and those beyond the busiest --metrics-max-models, share model=\"" + OtherModel + "\".",
 		}, []string{"model", "reason_code", "hint_used"}),
 		lookupLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace, Name: "lookup_route_latency_seconds",
-			Help:    "Server-side LookupRoute latency from handler entry to response, including ranking. Models the index does not hold share model=\"" + OtherModel + "\".",
+			Help:    "Server-side LookupRoute latency from handler entry to response, including ranking. Models the index does not hold, and those beyond the busiest --metrics-max-models, share model=\"" + OtherModel + "\".",
 			Buckets: LatencyBuckets,
 		}, []string{"model"}),
 		tenantEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -244,14 +325,17 @@ func NewWithOptions(o Options) (*Metrics, error) {
 			Namespace: Namespace, Name: "index_evictions_total",
 			Help: "Replica x prefix entries removed by the index itself (reason cap or ttl), by the namespace's eviction algorithm.",
 		}, []string{"algorithm", "reason"}),
-		snapshotAuth: authVec("snapshot_auth_total", "/snapshot"),
-		policyAuth:   authVec("policy_auth_total", "/policy"),
-		probeAuth:    authVec("probe_auth_total", "/probe"),
-		drops:        newDropCounters(),
-		grace:        o.ModelGrace,
-		now:          o.Now,
-		models:       xsync.NewMapOf[string, *modelSeries](),
-		retiring:     map[string]*modelSeries{},
+		snapshotAuth:  authVec("snapshot_auth_total", "/snapshot"),
+		policyAuth:    authVec("policy_auth_total", "/policy"),
+		probeAuth:     authVec("probe_auth_total", "/probe"),
+		drops:         newDropCounters(),
+		grace:         o.ModelGrace,
+		now:           o.Now,
+		maxModels:     cmp.Or(o.MaxModels, DefaultMaxModels),
+		maxScrapes:    cmp.Or(o.MaxScrapesInFlight, DefaultMaxScrapesInFlight),
+		scrapeTimeout: cmp.Or(o.ScrapeTimeout, DefaultScrapeTimeout),
+		models:        xsync.NewMapOf[string, *modelEntry](),
+		retiring:      map[string]*modelEntry{},
 	}
 	m.panics, m.panicsByListener = newPanicCounters()
 	if m.grace == 0 {
@@ -262,9 +346,9 @@ func NewWithOptions(o Options) (*Metrics, error) {
 	}
 	m.other = m.newModelSeries(OtherModel)
 	for _, model := range o.Models {
-		ms := m.newModelSeries(model)
-		ms.configured = true
-		m.models.Store(model, ms)
+		e := &modelEntry{model: model, ownable: true, configured: true}
+		e.series.Store(m.newModelSeries(model))
+		m.models.Store(model, e)
 	}
 	m.clamped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "producer_timestamps_clamped_total",
@@ -300,9 +384,17 @@ func authVec(name, path string) *prometheus.CounterVec {
 // Registry returns the per-server registry (for /metrics and tests).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// Handler serves the registry in the Prometheus exposition format.
+// Handler serves the registry in the Prometheus exposition format. At most
+// MaxScrapesInFlight scrapes gather at once (each builds its own copy of
+// the exposition); the next ones are answered 503 at once, and a scrape
+// that takes longer than ScrapeTimeout is answered 503 (its gather still
+// holds its slot until it ends).
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		Registry:            m.reg,
+		MaxRequestsInFlight: m.maxScrapes,
+		Timeout:             m.scrapeTimeout,
+	})
 }
 
 // SetUp sets inferencecache_server_up.
@@ -321,18 +413,32 @@ func b2f(b bool) float64 {
 // ObserveLookup records one LookupRoute call: it increments
 // lookup_route_calls_total{model, reason_code, hint_used} and observes the
 // latency histogram, under the model's own series when it has them and
-// under OtherModel otherwise. Call it exactly once per call. It creates no
-// series for an unknown model and does not allocate once the (model or
-// OtherModel, reason, hintUsed) series exist.
+// under OtherModel otherwise, and counts the lookup for the model's rank.
+// Call it exactly once per call. It creates no series for an unknown model
+// and does not allocate once the (model or OtherModel, reason, hintUsed)
+// series exist.
 func (m *Metrics) ObserveLookup(model, reason string, hintUsed bool, elapsed time.Duration) {
 	ms := m.other
 	if len(model) <= MaxModelLabelBytes {
-		if own, ok := m.models.Load(model); ok {
-			ms = own
+		if e, ok := m.models.Load(model); ok {
+			e.lookups.Add(1)
+			if own := e.series.Load(); own != nil {
+				ms = own
+			}
 		}
 	}
 	ms.counter(m, reason, hintUsed).Inc()
 	ms.latency.Observe(elapsed.Seconds())
+}
+
+// ownSeries reports whether model has series of its own (the load
+// collector's test).
+func (m *Metrics) ownSeries(model string) bool {
+	if len(model) > MaxModelLabelBytes {
+		return false
+	}
+	e, ok := m.models.Load(model)
+	return ok && e.series.Load() != nil
 }
 
 // newModelSeries resolves a model's latency series; its call counters are
@@ -386,6 +492,7 @@ func (m *Metrics) deleteSeries(ms *modelSeries) {
 	}
 	if ms.entries != nil {
 		m.indexEntries.DeleteLabelValues(ms.model)
+		ms.entries = nil
 	}
 	m.deletePickerSeriesLocked(ms)
 }
@@ -404,64 +511,172 @@ func (m *Metrics) AddTenantEvictions(tenantID string, n int) {
 	}
 }
 
-// SetIndexEntries implements engine.Metrics. A model with n > 0 gets its
-// own series (index_entries and lookups); a drained model reports 0 and
-// keeps its series for the grace period (see RetireDrainedModels). A model
-// the index never held does not get a series for n = 0.
+// SetIndexEntries implements engine.Metrics. A model with n > 0 is tracked
+// (and gets its own series at once while fewer than MaxModels models have
+// theirs); a drained model reports 0 and keeps its series for the grace
+// period (see RetireDrainedModels). A model the index never held is not
+// tracked for n = 0.
 func (m *Metrics) SetIndexEntries(model string, n int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ms, ok := m.models.Load(model)
+	e, ok := m.models.Load(model)
 	if !ok {
 		if n <= 0 {
 			return
 		}
-		if ms, ok = m.retiring[model]; ok {
+		if e, ok = m.retiring[model]; ok {
+			// Back before its series were deleted: it keeps them (and
+			// the place in ranked it kept meanwhile).
 			delete(m.retiring, model)
 		} else {
-			if !ownLabel(model) {
-				return
-			}
-			ms = m.newModelSeries(model)
+			e = &modelEntry{model: model, ownable: ownLabel(model)}
 		}
-		m.models.Store(model, ms)
+		m.models.Store(model, e)
+		if e.series.Load() == nil && e.ownable && m.ranked < m.maxModels {
+			m.promoteLocked(e)
+		}
 	}
-	if ms.entries == nil {
-		ms.entries = m.indexEntries.WithLabelValues(model)
-	}
-	ms.entries.Set(float64(n))
+	m.setKeysLocked(e, n)
 	switch {
 	case n > 0:
-		ms.drainedAt = time.Time{}
-	case ms.drainedAt.IsZero():
-		ms.drainedAt = m.now()
+		e.drainedAt = time.Time{}
+	case e.drainedAt.IsZero():
+		e.drainedAt = m.now()
 	}
 }
 
-// RetireDrainedModels takes the models that have held 0 keys for at least
-// the grace period (configured ones excepted) off their own series: from
-// now on their lookups count under OtherModel. Their series are deleted
-// from the registry on the next call, unless their keys come back first.
-// It returns how many models it retired. The server calls it every sweep
-// interval.
+// setKeysLocked records the model's key count in its index_entries series,
+// or in the OtherModel sum.
+func (m *Metrics) setKeysLocked(e *modelEntry, n int64) {
+	old := e.keys
+	e.keys = n
+	if ms := e.series.Load(); ms != nil {
+		if ms.entries == nil {
+			ms.entries = m.indexEntries.WithLabelValues(e.model)
+		}
+		ms.entries.Set(float64(n))
+		return
+	}
+	m.addOtherKeysLocked(n - old)
+}
+
+// addOtherKeysLocked moves index_entries{model=OtherModel} by d.
+func (m *Metrics) addOtherKeysLocked(d int64) {
+	if d == 0 {
+		return
+	}
+	m.otherKeys += d
+	if m.otherEntries == nil {
+		m.otherEntries = m.indexEntries.WithLabelValues(OtherModel)
+	}
+	m.otherEntries.Set(float64(m.otherKeys))
+}
+
+// promoteLocked gives a ranked model series of its own (new ones: its
+// counts so far were recorded under OtherModel), moving its keys out of
+// the OtherModel sum.
+func (m *Metrics) promoteLocked(e *modelEntry) {
+	ms := m.newModelSeries(e.model)
+	e.series.Store(ms)
+	m.ranked++
+	m.addOtherKeysLocked(-e.keys)
+	ms.entries = m.indexEntries.WithLabelValues(e.model)
+	ms.entries.Set(float64(e.keys))
+}
+
+// demoteLocked moves a ranked model's lookups and keys to OtherModel and
+// deletes its series at once, so the bound holds at every scrape and
+// index_entries keeps summing to the index's keys. A lookup that loaded
+// the series just before may add to a deleted counter: one count lost, as
+// the model's past counts are.
+func (m *Metrics) demoteLocked(e *modelEntry) {
+	ms := e.series.Swap(nil)
+	m.ranked--
+	m.deleteSeries(ms)
+	m.addOtherKeysLocked(e.keys)
+}
+
+// RetireDrainedModels is the registry's periodic pass (the server calls it
+// every sweep interval). It deletes the series the previous pass retired;
+// takes the models that have held 0 keys for at least the
+// grace period (configured ones excepted) off the registry, their lookups
+// counting under OtherModel from now on and their series deleted on the
+// next pass unless their keys come back first; and ranks the models the
+// index holds: the MaxModels busiest (see the package doc) have series of
+// their own, the others are moved to OtherModel (their series deleted at
+// once). It returns how many models it retired.
 func (m *Metrics) RetireDrainedModels() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for model, ms := range m.retiring {
-		m.deleteSeries(ms)
+	for model, e := range m.retiring {
+		m.deleteSeries(e.series.Load())
+		m.ranked--
 		delete(m.retiring, model)
 	}
+
 	now := m.now()
-	n := 0
-	m.models.Range(func(model string, ms *modelSeries) bool {
-		if !ms.configured && !ms.drainedAt.IsZero() && now.Sub(ms.drainedAt) >= m.grace {
-			m.models.Delete(model)
-			m.retiring[model] = ms
-			n++
+	retired := 0
+	var cands []rankCand
+	m.models.Range(func(model string, e *modelEntry) bool {
+		if e.configured {
+			return true
 		}
+		if !e.drainedAt.IsZero() && now.Sub(e.drainedAt) >= m.grace {
+			m.models.Delete(model)
+			if e.series.Load() != nil {
+				m.retiring[model] = e // still counted in ranked
+			}
+			retired++
+			return true
+		}
+		lookups := e.lookups.Load()
+		if e.ownable {
+			cands = append(cands, rankCand{e: e, recent: lookups - e.rankedLookups, own: e.series.Load() != nil})
+		}
+		e.rankedLookups = lookups
 		return true
 	})
-	return n
+	m.rankLocked(cands)
+	return retired
+}
+
+// rankCand is a model the ranking pass considers.
+type rankCand struct {
+	e      *modelEntry
+	recent int64 // lookups since the previous pass
+	own    bool  // it has series of its own now
+}
+
+// rankLocked gives the first candidates, in rank order, series of their
+// own, as many as MaxModels less the retiring models that still hold
+// theirs, and moves the others to OtherModel.
+func (m *Metrics) rankLocked(cands []rankCand) {
+	slices.SortFunc(cands, func(a, b rankCand) int {
+		if c := cmp.Compare(b.recent, a.recent); c != 0 {
+			return c
+		}
+		if a.own != b.own {
+			if a.own {
+				return -1
+			}
+			return 1
+		}
+		if c := cmp.Compare(b.e.keys, a.e.keys); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.e.model, b.e.model)
+	})
+	keep := max(0, min(len(cands), m.maxModels-len(m.retiring)))
+	for _, c := range cands[keep:] {
+		if c.own {
+			m.demoteLocked(c.e)
+		}
+	}
+	for _, c := range cands[:keep] {
+		if !c.own {
+			m.promoteLocked(c.e)
+		}
+	}
 }
 
 // TimestampClamped implements rpc.ProducerObserver: one increment of

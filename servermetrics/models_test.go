@@ -181,8 +181,12 @@ func TestOptionsValidation(t *testing.T) {
 			t.Errorf("models %.40q accepted", models)
 		}
 	}
-	if _, err := servermetrics.NewWithOptions(servermetrics.Options{ModelGrace: -time.Second}); err == nil {
-		t.Error("negative grace accepted")
+	for _, o := range []servermetrics.Options{
+		{ModelGrace: -time.Second}, {MaxModels: -1}, {MaxScrapesInFlight: -1}, {ScrapeTimeout: -time.Second},
+	} {
+		if _, err := servermetrics.NewWithOptions(o); err == nil {
+			t.Errorf("options %+v accepted", o)
+		}
 	}
 }
 
@@ -214,5 +218,94 @@ func TestRetireRacesLookups(t *testing.T) {
 	wg.Wait()
 	if _, err := m.Registry().Gather(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBusiestModelsKeepSeries: with MaxModels 2, the first two models the
+// index reports get series at once; each ranking pass then gives them to
+// the two models with the most lookups since the previous pass (ties to
+// the models that have them), deleting the others' at once; the keys and
+// lookups of the models without series count under the shared value, so
+// index_entries keeps summing to the index's keys.
+func TestBusiestModelsKeepSeries(t *testing.T) {
+	m, _ := newMetrics(t, servermetrics.Options{MaxModels: 2, Models: []string{"pinned"}})
+	other := servermetrics.OtherModel
+	m.SetIndexEntries("a", 1)
+	m.SetIndexEntries("b", 2)
+	m.SetIndexEntries("c", 4)
+	m.SetIndexEntries(other, 8) // a model literally named like the shared value
+	m.SetIndexEntries("pinned", 16)
+	entries := func() map[string]float64 {
+		out := map[string]float64{}
+		for _, s := range gather(t, m)[servermetrics.NameIndexEntries].GetMetric() {
+			out[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue()
+		}
+		return out
+	}
+	want := func(what string, got, want map[string]float64) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: index_entries %v, want %v", what, got, want)
+		}
+	}
+	want("first come", entries(), map[string]float64{"a": 1, "b": 2, other: 12, "pinned": 16})
+
+	lookups := func(model string, n int) {
+		for range n {
+			m.ObserveLookup(model, "PREFIX_MATCH", true, time.Microsecond)
+		}
+	}
+	lookups("c", 5)
+	lookups("b", 3)
+	lookups("a", 3)
+	lookups("pinned", 1)
+	if got, _ := value(gather(t, m), servermetrics.NameLookupCalls, "hint_used=true,model="+other+",reason_code=PREFIX_MATCH"); got != 5 {
+		t.Fatalf("c's lookups before the pass: %v under %s, want 5", got, other)
+	}
+	m.RetireDrainedModels()
+	// c (5) first; a and b tie at 3, both holding series: the most keys (b).
+	want("after a pass", entries(), map[string]float64{"b": 2, "c": 4, other: 9, "pinned": 16})
+	for _, model := range seriesModels(t, m, servermetrics.NameLookupLatency) {
+		if model == "a" {
+			t.Fatal("the demoted model's lookup series were not deleted")
+		}
+	}
+	lookups("a", 1)
+	m.RetireDrainedModels() // a is the only model looked up since: a, then c (b and c hold series; c has more keys)
+	want("after a second pass", entries(), map[string]float64{"a": 1, "c": 4, other: 10, "pinned": 16})
+	lookups("a", 2)
+	fams := gather(t, m)
+	if got, _ := value(fams, servermetrics.NameLookupCalls, "hint_used=true,model=a,reason_code=PREFIX_MATCH"); got != 2 {
+		t.Fatalf("a promoted again counts %v, want 2 (new series)", got)
+	}
+	if got, _ := value(fams, servermetrics.NameLookupCalls, "hint_used=true,model=pinned,reason_code=PREFIX_MATCH"); got != 1 {
+		t.Fatalf("the configured model counts %v, want 1 (never demoted)", got)
+	}
+	if got := len(seriesModels(t, m, servermetrics.NameLookupLatency)); got > 2+1+1 {
+		t.Fatalf("%d latency series, want at most MaxModels + configured + shared", got)
+	}
+}
+
+// TestRetiringKeepsItsSlot: a retired model holds its place among the
+// MaxModels until its series are deleted, so a new model the index reports
+// meanwhile waits under the shared value, and the bound holds throughout.
+func TestRetiringKeepsItsSlot(t *testing.T) {
+	m, clk := newMetrics(t, servermetrics.Options{MaxModels: 1, ModelGrace: time.Minute})
+	m.SetIndexEntries("old", 3)
+	m.SetIndexEntries("old", 0)
+	clk.Add(time.Minute)
+	if n := m.RetireDrainedModels(); n != 1 {
+		t.Fatalf("retired %d, want 1", n)
+	}
+	m.SetIndexEntries("new", 5)
+	if got := seriesModels(t, m, servermetrics.NameIndexEntries); fmt.Sprint(got) != fmt.Sprint([]string{servermetrics.OtherModel, "old"}) {
+		t.Fatalf("index_entries models %v, want the retiring one and the shared value", got)
+	}
+	m.RetireDrainedModels() // deletes old's series, then ranks: new gets the slot
+	if got := seriesModels(t, m, servermetrics.NameIndexEntries); fmt.Sprint(got) != fmt.Sprint([]string{servermetrics.OtherModel, "new"}) {
+		t.Fatalf("index_entries models %v, want new and the shared value (at 0)", got)
+	}
+	if got, _ := value(gather(t, m), servermetrics.NameIndexEntries, "model="+servermetrics.OtherModel); got != 0 {
+		t.Fatalf("shared index_entries %v, want 0", got)
 	}
 }

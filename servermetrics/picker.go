@@ -129,8 +129,10 @@ func (p *PickerMetrics) Usage(result string) {
 func (p *PickerMetrics) Delivered(model string, promptTokens, predicted, delivered int64) {
 	ms := p.m.other
 	if len(model) <= MaxModelLabelBytes {
-		if own, ok := p.m.models.Load(model); ok {
-			ms = own
+		if e, ok := p.m.models.Load(model); ok {
+			if own := e.series.Load(); own != nil {
+				ms = own
+			}
 		}
 	}
 	s := ms.pickerSeriesOf(p)

@@ -60,6 +60,15 @@ func (s *Server) Stop() {
 	s.srv = nil
 }
 
+// RestartWith starts the server (again) on the same port with mutate
+// applied to its options first, for this start and the later ones: a fresh
+// StoreDir is a NATS that lost its store, JetStream false one without it.
+func (s *Server) RestartWith(mutate func(*server.Options)) {
+	s.t.Helper()
+	mutate(&s.opts)
+	s.Restart()
+}
+
 // Restart starts the server (again) on the same port and store.
 func (s *Server) Restart() {
 	s.t.Helper()

@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/inferencecache/inferencecache/bench"
 	"github.com/inferencecache/inferencecache/bench/workload"
@@ -52,6 +51,7 @@ func run(args []string, stdout io.Writer) error {
 		out       = fs.String("out", "bench/results", "output directory")
 		name      = fs.String("name", "", "base name of the output files (default: the workload)")
 		speedup   = fs.Float64("speedup", 1, "divide every arrival time by this (> 1 compresses the stream: heavier load on the same requests)")
+		model     = fs.String("sim-model", "engine", "replica model: engine (full blocks only, tail-first freeing, chunked-prefill interference) or legacy (the model of earlier results)")
 		sens      = fs.Bool("sensitivity", false, "also write <name>-sensitivity.md: inferencecache at event lags 0-1 s and stats intervals 0.5-10 s")
 		cfg       = def
 	)
@@ -69,10 +69,18 @@ func run(args []string, stdout io.Writer) error {
 	fs.IntVar(&load.MinQueue, "load-min-queue", load.MinQueue, "inferencecache rows: the server's --load-min-queue")
 	fs.Float64Var(&load.PrefillWeight, "load-prefill-weight", load.PrefillWeight, "inferencecache rows: the server's --load-prefill-weight")
 	fs.Float64Var(&load.MinMatch, "load-min-match", load.MinMatch, "inferencecache rows: the server's --load-min-match")
+	fs.Float64Var(&load.ExpectedCredit, "load-expected-credit", engine.DefaultExpectedCredit, "inferencecache rows: what an expected (routed, not yet stored) token counts for, 0..1")
+	fs.DurationVar(&load.ExpectedTTL, "load-expected-ttl", engine.DefaultExpectedTTL, "inferencecache rows: the least lifetime of a routing-time entry")
+	fs.Int64Var(&load.ExpectedBytes, "load-expected-bytes", load.ExpectedBytes, "inferencecache rows: memory of the routing-time entries (negative = none)")
+	fs.Float64Var(&load.EvictionShare, "load-eviction-share", load.EvictionShare, "inferencecache rows: share of the prefill weight that prices evicting other prefixes, scaled by cache occupancy")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg.CacheBlocks = nil
+	var err error
+	if cfg.Model, err = bench.ParseSimModel(*model); err != nil {
+		return err
+	}
 	if load != engine.DefaultLoadConfig() {
 		cfg.Policies = bench.DefaultPoliciesWith(load)
 	}
@@ -87,7 +95,6 @@ func run(args []string, stdout io.Writer) error {
 		cfg.CacheBlocks = append(cfg.CacheBlocks, n)
 	}
 
-	var err error
 	switch *kind {
 	case "trace":
 		if *trace == "" {
@@ -110,9 +117,7 @@ func run(args []string, stdout io.Writer) error {
 		if !(*speedup > 0) {
 			return fmt.Errorf("-speedup must be positive, got %v", *speedup)
 		}
-		for i := range cfg.Requests {
-			cfg.Requests[i].Arrival = time.Duration(float64(cfg.Requests[i].Arrival) / *speedup)
-		}
+		bench.SpeedUp(cfg.Requests, *speedup)
 		cfg.Workload += fmt.Sprintf(" (arrivals %g× faster)", *speedup)
 	}
 	if *name == "" {

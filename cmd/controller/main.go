@@ -7,6 +7,7 @@ package main
 import (
 	"flag"
 	"os"
+	"strings"
 
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -36,6 +37,16 @@ func main() {
 	flag.StringVar(&o.MutatingWebhookConfigName, "mutating-webhook-config-name", "inferencecache-mutating-webhook", "MutatingWebhookConfiguration (engine pod injection) whose caBundle is kept.")
 	flag.StringVar(&o.PodInjection.SubscriberImage, "kvevent-subscriber-image", "", "Image of the kvevent-subscriber sidecar injected into engine pods a CacheBackend selects; empty injects the engine's KV-event args and env but no sidecar.")
 	flag.StringVar(&o.PodInjection.ServerAddress, "kvevent-server-address", "inferencecache-server.inferencecache-system.svc:9090", "gRPC address of the routing server the injected sidecar reports to.")
+	flag.StringVar(&o.PodInjection.NATSURL, "nats-url", "", "NATS JetStream URL the injected sidecars publish to (their --nats-url) instead of --kvevent-server-address, so every routing server consuming the stream gets the same index (docs/scaleout.md); the scaleout overlay sets it to the servers' --nats-url. Empty: gRPC to one server.")
+	flag.StringVar(&o.CacheServerImage, "cache-server-image", manager.DefaultCacheServerImage, "Image of the LMCache server the controller runs for a managed CacheBackend (one without spec.backendConfig.image); pin a tag or a digest.")
+	flag.Func("allowed-backend-images", "Comma-separated image prefixes a CacheBackend's spec.backendConfig.image may name (e.g. ghcr.io/acme/,lmcache/vllm-openai:); the validating webhook refuses others and they are not provisioned. Empty allows any image.", func(v string) error {
+		o.BackendPolicy.ImagePrefixes = splitList(v)
+		return nil
+	})
+	flag.Func("allowed-service-accounts", "Comma-separated ServiceAccounts a CacheBackend's spec.template.serviceAccountName may name: NAME (any namespace) or NAMESPACE/NAME; the validating webhook refuses others and they are not provisioned. Empty allows any.", func(v string) error {
+		o.BackendPolicy.ServiceAccounts = splitList(v)
+		return nil
+	})
 	klog.InitFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(klog.NewKlogr())
@@ -50,4 +61,15 @@ func main() {
 		ctrl.Log.Error(err, "controller failed")
 		os.Exit(1)
 	}
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(v string) []string {
+	var out []string
+	for item := range strings.SplitSeq(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }

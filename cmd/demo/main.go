@@ -4,9 +4,12 @@
 // a short, seeded load-generator scenario (multi-turn chat, whose sessions
 // reuse their earlier turns' KV blocks, so lookups get PREFIX_MATCH), and
 // prints the report, checked against the server's own /metrics. Then it
-// plays a gateway: multi-turn chats through the endpoint picker
-// (picker.go), to fake engines that report what they cache, and prints
-// where the requests went and why.
+// plays Envoy in front of the endpoint picker (picker.go, gateway.go):
+// users' multi-turn chats through ext_proc to three fake vLLM engines
+// (engine.go) whose KV events and load reach the index through real
+// kvevents subscribers, tokenized by the picker with a small real
+// tokenizer checked in under tokenizer/ (tokenizer.go), and prints where
+// the requests went and why.
 package main
 
 import (
@@ -54,7 +57,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	lg.Duration = 5 * time.Second
 	var jsonOut, tokenizerDir string
 	var quiet bool
-	conversations, turns := 8, 4
+	conversations, turns := 12, 4
+	model := demoModelID
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&lg.Workload.Kind, "workload", lg.Workload.Kind, "chat, rag or shared-prompt")
@@ -66,7 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&quiet, "quiet", false, "no progress line")
 	fs.IntVar(&conversations, "picker-conversations", conversations, "conversations sent through the endpoint picker")
 	fs.IntVar(&turns, "picker-turns", turns, "turns of each conversation")
-	fs.StringVar(&tokenizerDir, "tokenizer-dir", "", "models' tokenizer folder for the picker (default: a stand-in tokenization)")
+	fs.StringVar(&tokenizerDir, "tokenizer-dir", "", "the picker's --tokenizer-dir (default: the embedded demo tokenizer, written to a temporary folder)")
+	fs.StringVar(&model, "picker-model", model, "the model of the picker's chats: a folder of -tokenizer-dir")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -82,15 +87,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg.InsecureDisableAuth = true // loopback only; see the line printed below
 	cfg.DrainTimeout = 5 * time.Second
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	tok, tokNote, err := demoTokenizer(tokenizerDir)
+	tokNote := "the model's chat template and tokenizer from " + tokenizerDir
+	if tokenizerDir == "" {
+		dir, err := writeDemoTokenizer()
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		tokenizerDir = dir
+		tokNote = "the demo tokenizer (cmd/demo/tokenizer: a byte-level BPE with 600 merges learned by hack/demotokenizer, and a ChatML " +
+			"chat template), which the picker loads through --tokenizer-dir and applies to the whole conversation (RequestTokens, " +
+			"incremental across turns) and the engines apply on their own"
+	}
+	pd, err := newPickerDemo(tokenizerDir, model)
 	if err != nil {
 		return err
 	}
-	pool, err := endpoints.NewPool(demoTenant, "vllm", nil, demoEngines)
+	defer pd.close()
+	pool, err := pd.pool()
 	if err != nil {
 		return err
 	}
-	cfg.Picker.Addr, cfg.Picker.Source, cfg.Picker.Tokenizer = "127.0.0.1:0", endpoints.NewFixed(pool), tok
+	cfg.TokenizerDir = tokenizerDir
+	cfg.Picker.Addr, cfg.Picker.Source = "127.0.0.1:0", endpoints.NewFixed(pool)
 	srv, err := server.New(cfg)
 	if err != nil {
 		return fmt.Errorf("cannot start the server: %w", err)
@@ -143,7 +162,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if checkErr != nil {
 		return errors.Join(checkErr, stop())
 	}
-	pr, err := runPickerChats(ctx, srv, tok, conversations, turns)
+	pr, err := pd.run(ctx, srv, conversations, turns)
 	if err != nil {
 		return errors.Join(fmt.Errorf("endpoint picker chats: %w", err), stop())
 	}
@@ -205,7 +224,7 @@ func pickerMetrics(ctx context.Context, httpAddr string, pr *pickerResult) error
 		pr.predicted += m.GetCounter().GetValue()
 	}
 	for _, m := range fams[servermetrics.NamePickerDelivered].GetMetric() {
-		pr.served += m.GetCounter().GetValue()
+		pr.delivered += m.GetCounter().GetValue()
 	}
 	return nil
 }

@@ -81,6 +81,13 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.StringVar(&kubeContext, "context", "", "kubeconfig context (default: the current one)")
 	fs.StringVar(&namespaceFlag, "namespace", "", "check only this namespace (default: all namespaces)")
 	fs.StringVar(&namespaceFlag, "n", "", "same as --namespace")
+	ctl := doctor.DefaultController()
+	fs.StringVar(&ctl.Namespace, "controller-namespace", ctl.Namespace, "namespace of the controller's Deployment and leader Lease")
+	fs.StringVar(&ctl.Deployment, "controller-deployment", ctl.Deployment, "controller Deployment whose available replicas are checked (empty: skip)")
+	fs.StringVar(&ctl.LeaderLease, "leader-election-id", ctl.LeaderLease, "the controller's leader election Lease, its --leader-election-id (empty: skip)")
+	fs.StringVar(&ctl.ValidatingWebhook, "validating-webhook-config", ctl.ValidatingWebhook, "ValidatingWebhookConfiguration whose caBundles and Service are checked (empty: skip)")
+	fs.StringVar(&ctl.MutatingWebhook, "mutating-webhook-config", ctl.MutatingWebhook, "MutatingWebhookConfiguration (engine pod injection) whose caBundle and Service are checked (empty: skip)")
+	fs.DurationVar(&o.DriftGrace, "cacheindex-grace", doctor.DefaultDriftGrace, "how long CacheIndex may disagree with the live /snapshot before it is a WARN (IC271); above the controller's --snapshot-interval")
 	fs.BoolVar(&o.ConfigOnly, "config-only", false, "cluster checks only: no gRPC or HTTP call to the server (token files are not read either)")
 	fs.BoolVar(&skipCluster, "skip-cluster", false, "data-plane checks only: no Kubernetes API call")
 	fs.DurationVar(&o.Timeout, "timeout", doctor.DefaultTimeout, "bound on the whole run")
@@ -102,6 +109,14 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	if o.Timeout <= 0 {
 		fmt.Fprintln(stderr, "doctor: --timeout must be positive")
+		return doctor.ExitUsage
+	}
+	if o.DriftGrace <= 0 {
+		fmt.Fprintln(stderr, "doctor: --cacheindex-grace must be positive")
+		return doctor.ExitUsage
+	}
+	if ctl.Namespace == "" && (ctl.Deployment != "" || ctl.LeaderLease != "") {
+		fmt.Fprintln(stderr, "doctor: --controller-namespace is required for --controller-deployment and --leader-election-id")
 		return doctor.ExitUsage
 	}
 	if skipCluster && o.ConfigOnly {
@@ -132,6 +147,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		o.ControlURL = "http://" + o.ControlURL // host:port, as the server's own flags take it
 	}
 	if !skipCluster {
+		o.Controller = &ctl
 		cfg, _, err := doctor.ClusterConfig(kubeconfig, kubeContext)
 		if err == nil {
 			o.ClusterHost = cfg.Host

@@ -57,6 +57,8 @@ func TestUsage(t *testing.T) {
 		{[]string{"doctor", "extra"}, doctor.ExitUsage},
 		{[]string{"doctor", "--timeout", "0s"}, doctor.ExitUsage},
 		{[]string{"doctor", "--config-only", "--skip-cluster"}, doctor.ExitUsage},
+		{[]string{"doctor", "--cacheindex-grace", "0s"}, doctor.ExitUsage},
+		{[]string{"doctor", "--controller-namespace", ""}, doctor.ExitUsage},
 		{[]string{"doctor", "--skip-cluster", "--grpc-ca-file", missing}, doctor.ExitUsage},
 	} {
 		if got, _, stderr := runT(t, c.args...); got != c.want {

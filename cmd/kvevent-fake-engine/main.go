@@ -36,9 +36,11 @@ func run(args []string) error {
 		moon                                 fakeengine.MooncakeConfig
 		limit                                int
 		duration, waitSub                    time.Duration
+		stateAddr                            string
 	)
 	fs := flag.NewFlagSet("kvevent-fake-engine", flag.ContinueOnError)
-	fs.StringVar(&pcfg.Endpoint, "endpoint", "tcp://127.0.0.1:5557", "PUB bind endpoint")
+	fs.StringVar(&pcfg.Endpoint, "endpoint", "tcp://127.0.0.1:5557", "PUB bind endpoint (with --connect: the endpoint it connects to)")
+	fs.BoolVar(&pcfg.Connect, "connect", false, "connect the PUB socket to --endpoint instead of binding it, as vLLM and SGLang do for an endpoint without a wildcard (a subscriber run with --engine-endpoint-mode=bind listens there); retried every 100 ms, and again after a lost connection")
 	fs.StringVar(&pcfg.ReplayEndpoint, "replay-endpoint", "tcp://127.0.0.1:5558", "replay ROUTER bind endpoint (empty: no replay)")
 	fs.StringVar(&pcfg.Topic, "topic", "kv-events", "topic frame")
 	fs.IntVar(&pcfg.RingSize, "ring-size", fakeengine.DefaultRingSize, "batches kept for replay (the engine's buffer_steps)")
@@ -64,6 +66,7 @@ func run(args []string) error {
 	capacity := fs.Int("capacity-blocks", 0, "simulated cache size in blocks (default 4096 synthetic, 8192 mooncake)")
 	fs.DurationVar(&duration, "duration", 0, "stop after this long (0: when the workload ends or on SIGTERM)")
 	fs.DurationVar(&waitSub, "wait-subscriber", 10*time.Second, "wait this long for a subscriber before publishing (0: don't wait)")
+	fs.StringVar(&stateAddr, "state-bind-address", "", "serve GET /blocks (the keys of the blocks the engine holds, per the batches it published: the ground truth of a server's index) and POST /pause (stop publishing for good, keep serving replay) here; empty: off")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -127,6 +130,20 @@ func run(args []string) error {
 		defer cancel()
 	}
 
+	var tr *tracked
+	if stateAddr != "" {
+		tr = newTracked(ctx, w, syn.BlockSize)
+		if workload == "mooncake" {
+			tr = newTracked(ctx, w, fakeengine.MooncakeBlockSize)
+		}
+		w = tr
+		bound, err := serveState(ctx, stateAddr, tr)
+		if err != nil {
+			return err
+		}
+		log.Info("serving the engine's block set", "addr", bound)
+	}
+
 	pub, err := fakeengine.NewPublisher(pcfg)
 	if err != nil {
 		return err
@@ -144,6 +161,9 @@ func run(args []string) error {
 	}
 	start := time.Now()
 	n, err := fakeengine.Run(ctx, pub, w, true)
+	if tr != nil {
+		tr.setIdle()
+	}
 	published, dropped := pub.Counts()
 	log.Info("done", "batches", n, "sent", published, "withheld", dropped, "elapsed", time.Since(start).Round(time.Millisecond))
 	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {

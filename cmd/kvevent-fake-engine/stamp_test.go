@@ -11,6 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/inferencecache/inferencecache/kvevents"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 // TestRunStampsBatchesNow: the command feeds a real subscriber and server,
@@ -41,12 +42,12 @@ func TestRunStampsBatchesNow(t *testing.T) {
 			if err != nil {
 				t.Fatalf("no batch: %v", err)
 			}
-			_, _, payload, err := kvevents.ParseMessage(msg.Frames)
+			_, _, payload, err := wire.ParseMessage(msg.Frames)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var b kvevents.Batch
-			if err := kvevents.NewDecoder().Decode(payload, &b); err != nil {
+			var b wire.Batch
+			if err := wire.NewDecoder().Decode(payload, &b); err != nil {
 				t.Fatal(err)
 			}
 			if age := time.Since(time.UnixMicro(kvevents.TimestampUS(b.TS))); math.Abs(age.Seconds()) > 60 {

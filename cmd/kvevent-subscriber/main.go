@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,33 +34,38 @@ import (
 const defaultServerTTL = 30 * time.Minute
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "kvevent-subscriber:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+func run(ctx context.Context, args []string) error {
 	var (
-		cfg        kvevents.Config
-		loras      string
-		serverAddr string
-		tlsFiles   kvevents.TLSFiles
-		metricsAdr string
-		logLevel   string
-		refresh    time.Duration
-		heartbeat  time.Duration
-		natsURL    string
-		natsStream bus.StreamConfig
-		natsMaxTTL time.Duration
-		natsMaxPnd int
+		cfg          kvevents.Config
+		loras        string
+		serverAddr   string
+		tlsFiles     kvevents.TLSFiles
+		metricsAdr   string
+		logLevel     string
+		refresh      time.Duration
+		heartbeat    time.Duration
+		natsURL      string
+		natsStream   bus.StreamConfig
+		natsMaxTTL   time.Duration
+		natsMaxPnd   int
+		dp           kvevents.DataParallel
+		endpointMode string
 	)
 	fs := flag.NewFlagSet("kvevent-subscriber", flag.ContinueOnError)
 	fs.StringVar(&cfg.ReplicaID, "replica-id", "", "replica id reported to the server (the pod name)")
 	fs.StringVar(&cfg.TenantID, "tenant-id", "", "tenant id (the pod namespace)")
 	fs.StringVar(&cfg.ModelID, "model-id", "", "model id")
 	fs.StringVar(&cfg.HashScheme, "hash-scheme", "vllm", "engine hash scheme: vllm or sglang")
-	fs.StringVar(&cfg.Endpoint, "engine-endpoint", kvevents.DefaultEndpoint, "engine ZMQ PUB endpoint")
+	fs.StringVar(&cfg.Endpoint, "engine-endpoint", kvevents.DefaultEndpoint, "engine ZMQ PUB endpoint (with --engine-endpoint-mode=bind: the loopback address this subscriber binds)")
+	fs.StringVar(&endpointMode, "engine-endpoint-mode", string(kvevents.EndpointConnect), `which side binds --engine-endpoint: "connect" (the engine binds, e.g. tcp://*:5557, and the subscriber connects) or "bind" (the subscriber binds a tcp://127.0.0.1:PORT address and the engine's PUB, given that same address, connects to it: the live events stay inside the pod)`)
 	fs.StringVar(&cfg.ReplayEndpoint, "engine-replay-endpoint", "", "engine ZMQ replay ROUTER endpoint (empty: gaps reset the replica)")
 	fs.StringVar(&cfg.Topic, "topic", kvevents.DefaultTopic, "ZMQ topic to subscribe to")
 	fs.StringVar(&cfg.MetricsURL, "engine-metrics-url", "", "engine Prometheus /metrics URL (empty: no stats)")
@@ -89,8 +96,12 @@ func run(args []string) error {
 	fs.StringVar(&natsStream.Name, "nats-stream", bus.DefaultStream, "JetStream stream name (and subject prefix)")
 	fs.DurationVar(&natsMaxTTL, "nats-max-ttl", bus.DefaultMaxTTL, "the longest entry TTL of any tenant; the stream keeps messages for it plus --refresh-interval")
 	fs.DurationVar(&natsStream.MaxAge, "nats-stream-max-age", 0, "stream retention; 0: --nats-max-ttl + --refresh-interval (the window a restarted server replays)")
+	fs.Int64Var(&natsStream.MaxBytes, "nats-stream-max-bytes", bus.DefaultMaxBytes, "the stream's byte bound: beyond it the oldest reports are discarded first, which shortens the window a restarted server replays (docs/scaleout.md)")
 	fs.IntVar(&natsStream.Replicas, "nats-stream-replicas", 1, "stream replicas in a NATS cluster (1 to 5)")
 	fs.IntVar(&natsMaxPnd, "nats-max-pending", bus.DefaultMaxPending, "publishes awaiting their JetStream ack at most")
+	fs.IntVar(&dp.Size, "data-parallel-size", 1, "data-parallel ranks of the engine (its --data-parallel-size): rank r publishes on the engine endpoints' port + r, is reported as <replica-id>-dp<r> and its stats are its rank's series of --engine-metrics-url; 1: one replica, named --replica-id")
+	fs.IntVar(&dp.Rank, "data-parallel-rank", -1, "with --data-parallel-size > 1, follow only this rank (one subscriber process per rank); -1: every rank, from this process")
+	fs.StringVar(&dp.RankLabel, "engine-rank-label", "", `label of the engine metrics that holds the data-parallel rank (default: "engine" for vllm, "dp_rank" for sglang)`)
 	fs.StringVar(&metricsAdr, "metrics-bind-address", ":9091", "address of the subscriber's own /metrics (empty: off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -127,16 +138,26 @@ func run(args []string) error {
 	if cfg.Placement.Role, err = kvevents.ParseRole(role); err != nil {
 		return err
 	}
+	if cfg.EndpointMode, err = kvevents.ParseEndpointMode(endpointMode); err != nil {
+		return fmt.Errorf("cannot parse --engine-endpoint-mode: %w", err)
+	}
+	if err := dp.Validate(); err != nil {
+		return err
+	}
+	if dp.Size <= 1 {
+		dp.Size, dp.Rank = 1, -1
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
 	cfg.Logger = log
 
+	// One subscriber per rank followed (one without data parallelism);
+	// each has its own sink: a Sink's calls come from one forwarder.
 	var (
-		sink     kvevents.Sink
-		natsSink *kvevents.NATSSink
-		target   = serverAddr
+		newSink func(replicaID string, log *slog.Logger) (kvevents.Sink, error)
+		target  = serverAddr
 	)
 	if natsURL != "" {
 		if natsStream.MaxAge == 0 {
@@ -150,27 +171,52 @@ func run(args []string) error {
 			return err
 		}
 		defer nc.Close()
-		pub, err := bus.NewPublisher(nc, bus.PublisherConfig{Stream: natsStream, Producer: cfg.ReplicaID + "/" + producerID(), MaxPending: natsMaxPnd, Logger: log})
-		if err != nil {
-			return err
+		process := producerID()
+		newSink = func(replicaID string, log *slog.Logger) (kvevents.Sink, error) {
+			// A publisher per rank: its losses are its rank's to resync.
+			pub, err := bus.NewPublisher(nc, bus.PublisherConfig{Stream: natsStream, Producer: replicaID + "/" + process, MaxPending: natsMaxPnd, Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			return kvevents.NewNATSSink(pub, natsStream.Name), nil
 		}
-		natsSink = kvevents.NewNATSSink(pub, natsStream.Name)
-		sink, target = natsSink, natsURL
+		target = natsURL
 	} else {
 		conn, err := kvevents.DialServer(serverAddr, tlsFiles)
 		if err != nil {
 			return err
 		}
 		defer conn.Close()
-		sink = kvevents.NewGRPCSink(conn, log)
+		newSink = func(_ string, log *slog.Logger) (kvevents.Sink, error) { return kvevents.NewGRPCSink(conn, log), nil }
 	}
-	sub, err := kvevents.New(cfg, sink)
-	if err != nil {
-		return err
+	type rankSub struct {
+		sub  *kvevents.Subscriber
+		sink kvevents.Sink
+		log  *slog.Logger
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	var subs []rankSub
+	for _, rank := range dp.Ranks() {
+		rc, err := dp.Config(cfg, rank)
+		if err != nil {
+			return err
+		}
+		rlog := log
+		if dp.Size > 1 {
+			// The ranks' metrics share the registry, told apart by rank.
+			rc.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"dp_rank": strconv.Itoa(rank)}, reg)
+			rlog = log.With("replica", rc.ReplicaID, "dp_rank", rank)
+			rc.Logger = rlog
+		}
+		sink, err := newSink(rc.ReplicaID, rlog)
+		if err != nil {
+			return err
+		}
+		sub, err := kvevents.New(rc, sink)
+		if err != nil {
+			return err
+		}
+		subs = append(subs, rankSub{sub: sub, sink: sink, log: rlog})
+	}
 
 	var metricsSrv *http.Server
 	if metricsAdr != "" {
@@ -189,17 +235,27 @@ func run(args []string) error {
 		log.Warn("--refresh-interval is not below the server's default TTL: held blocks still age out between refreshes",
 			"refresh_interval", refresh, "default_ttl", defaultServerTTL)
 	}
-	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID,
+	log.Info("kvevent-subscriber starting", "replica", cfg.ReplicaID, "model", cfg.ModelID, "engine_endpoint", cfg.Endpoint, "engine_endpoint_mode", cfg.EndpointMode,
 		"tenant", cfg.TenantID, "scheme", cfg.HashScheme, "server", target, "l2", cfg.L2,
-		"refresh_interval", refresh, "state_file", cfg.StateFile, "heartbeat", heartbeat)
-	runErr := sub.Run(ctx) // returns after ctx is done and a bounded flush
-	if natsSink != nil {
-		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := natsSink.Flush(fctx); err != nil {
-			log.Warn("NATS publishes still unacknowledged at exit", "err", err)
-		}
-		cancel()
+		"refresh_interval", refresh, "state_file", cfg.StateFile, "heartbeat", heartbeat,
+		"data_parallel_size", dp.Size, "ranks", dp.Ranks())
+	// Each Run returns after ctx is done and a bounded flush.
+	errs := make([]error, len(subs))
+	var wg sync.WaitGroup
+	for i, rs := range subs {
+		wg.Go(func() {
+			errs[i] = rs.sub.Run(ctx)
+			if ns, ok := rs.sink.(*kvevents.NATSSink); ok {
+				fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if err := ns.Flush(fctx); err != nil {
+					rs.log.Warn("NATS publishes still unacknowledged at exit", "err", err)
+				}
+				cancel()
+			}
+		})
 	}
+	wg.Wait()
+	runErr := errors.Join(errs...)
 	if metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = metricsSrv.Shutdown(sctx)

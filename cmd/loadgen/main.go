@@ -7,6 +7,7 @@
 //	loadgen compare a.json b.json    diff two JSON reports as B/A ratios
 //	loadgen profile -server BIN      profile a server process under a scenario
 //	loadgen ab -a BIN -b BIN         A/B two server binaries, alternating runs
+//	loadgen picker [flags]           drive an endpoint picker through ext_proc streams
 package main
 
 import (
@@ -43,6 +44,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return profile(ctx, args[1:], stdout, stderr)
 		case "ab":
 			return ab(ctx, args[1:], stdout, stderr)
+		case "picker":
+			return pickerCmd(ctx, args[1:], stdout, stderr)
 		case "run":
 			args = args[1:]
 		}
@@ -67,6 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
   loadgen compare a.json b.json           diff two JSON reports as B/A ratios
   loadgen profile -server BIN [flags]     profile a server binary under a scenario (see make profile)
   loadgen ab -a BIN -b BIN [flags]        A/B two server binaries, alternating fresh runs
+  loadgen picker [flags]                  drive an endpoint picker through real ext_proc streams (see picker -help)
 
 run flags:
 `)

@@ -55,15 +55,19 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		"bad block size":   {[]string{"--insecure-disable-auth", "--engine-block-size", "0"}, "--engine-block-size"},
 		"shared model":     {[]string{"--insecure-disable-auth", "--metrics-models", "llama,__other__"}, "--metrics-models"},
 		"negative grace":   {[]string{"--insecure-disable-auth", "--metrics-model-grace", "-1s"}, "--metrics-model-grace"},
+		"negative models":  {[]string{"--insecure-disable-auth", "--metrics-max-models", "-1"}, "--metrics-max-models"},
+		"negative scrapes": {[]string{"--insecure-disable-auth", "--metrics-max-scrapes", "-1"}, "--metrics-max-scrapes"},
+		"negative timeout": {[]string{"--insecure-disable-auth", "--metrics-scrape-timeout", "-1s"}, "--metrics-scrape-timeout"},
 		"bad NATS stream":  {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-stream", "a.b"}, "stream name"},
 		"negative lag":     {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-ready-lag", "-1"}, "--nats-ready-lag"},
 		"both sources":     {[]string{"--insecure-disable-auth", "--inference-pool", "ns/p", "--endpoints-file", "/tmp/e.yaml"}, "exclude each other"},
 		"bad pool name":    {[]string{"--insecure-disable-auth", "--inference-pool", "just-a-name"}, "NAMESPACE/NAME"},
 		// A source that cannot start fails startup clearly instead of
 		// running a picker with nothing to pick from.
-		"pool without API": {[]string{"--insecure-disable-auth", "--inference-pool", "ns/pool", "--kubeconfig", "/nonexistent/kubeconfig"}, "cannot load --kubeconfig"},
-		"missing file":     {[]string{"--insecure-disable-auth", "--endpoints-file", "/nonexistent/endpoints.yaml"}, "endpoints file"},
-		"ext-proc TLS":     {[]string{"--insecure-disable-auth", "--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext", "--ext-proc-tls-cert-file", "x"}, "exclude each other"},
+		"pool without API":         {[]string{"--insecure-disable-auth", "--inference-pool", "ns/pool", "--kubeconfig", "/nonexistent/kubeconfig"}, "cannot load --kubeconfig"},
+		"missing file":             {[]string{"--insecure-disable-auth", "--endpoints-file", "/nonexistent/endpoints.yaml"}, "endpoints file"},
+		"ext-proc TLS":             {[]string{"--insecure-disable-auth", "--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext", "--ext-proc-tls-cert-file", "x"}, "exclude each other"},
+		"negative NATS byte bound": {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-stream-max-bytes", "-1"}, "max bytes"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

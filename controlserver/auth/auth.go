@@ -41,6 +41,8 @@ import (
 
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 )
 
 // Results reported to a Recorder; they are the values of the result label of
@@ -121,6 +123,11 @@ type Authenticator struct {
 	cache           tokenCache
 	// now is the clock (time.Now; tests replace it before first use).
 	now func() time.Time
+	// One limiter per denial log line: any client that reaches the
+	// listener can trigger them, once per request (the zero value: one
+	// line per 10 s, the next counting those held back; the Recorder
+	// counts every request).
+	noTokenLog, reviewErrLog, nilReviewLog, unauthenticatedLog, audienceLog, identityLog ratelog.Limiter
 }
 
 // New validates cfg and returns the endpoint's Authenticator.
@@ -209,12 +216,14 @@ func (a *Authenticator) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-// authenticate returns the request's result; it logs every denial.
+// authenticate returns the request's result; it logs denials, rate-limited
+// per kind.
 func (a *Authenticator) authenticate(r *http.Request) string {
 	log := a.log.With("path", r.URL.Path, "remote", r.RemoteAddr)
+	ctx := r.Context()
 	token, problem := bearerToken(r.Header)
 	if problem != "" {
-		log.Warn("control endpoint auth denied", "result", ResultUnauth, "reason", problem)
+		a.noTokenLog.Warn(ctx, log, "control endpoint auth denied", "result", ResultUnauth, "reason", problem)
 		return ResultUnauth
 	}
 	key := sha256.Sum256([]byte(token))
@@ -224,32 +233,32 @@ func (a *Authenticator) authenticate(r *http.Request) string {
 
 	// The review is not tied to the client connection (a client that goes
 	// away does not turn a review into an error), only to ReviewTimeout.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), a.reviewTimeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.reviewTimeout)
 	defer cancel()
-	resp, err := a.reviewer.Create(ctx, &authnv1.TokenReview{
+	resp, err := a.reviewer.Create(rctx, &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: []string{a.audience}},
 	}, metav1.CreateOptions{})
 	switch {
 	case err != nil:
-		log.Error("control endpoint auth failed closed: TokenReview error", "result", ResultError, "err", err)
+		a.reviewErrLog.Error(ctx, log, "control endpoint auth failed closed: TokenReview error", "result", ResultError, "err", err)
 		return ResultError
 	case resp == nil:
-		log.Error("control endpoint auth failed closed: nil TokenReview response", "result", ResultError)
+		a.nilReviewLog.Error(ctx, log, "control endpoint auth failed closed: nil TokenReview response", "result", ResultError)
 		return ResultError
 	}
 	st := &resp.Status
 	if !st.Authenticated {
-		log.Warn("control endpoint auth denied: token not authenticated", "result", ResultUnauth,
+		a.unauthenticatedLog.Warn(ctx, log, "control endpoint auth denied: token not authenticated", "result", ResultUnauth,
 			"apiserver_error", st.Error)
 		return ResultUnauth
 	}
 	if !slices.Contains(st.Audiences, a.audience) {
-		log.Warn("control endpoint auth denied: audience missing from the review status", "result", ResultUnauth,
+		a.audienceLog.Warn(ctx, log, "control endpoint auth denied: audience missing from the review status", "result", ResultUnauth,
 			"status_audiences", st.Audiences)
 		return ResultUnauth
 	}
 	if st.User.Username != a.allowedIdentity {
-		log.Warn("control endpoint auth denied: identity not allowed", "result", ResultForbidden,
+		a.identityLog.Warn(ctx, log, "control endpoint auth denied: identity not allowed", "result", ResultForbidden,
 			"username", st.User.Username, "allowed", a.allowedIdentity)
 		return ResultForbidden
 	}

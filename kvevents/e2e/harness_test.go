@@ -317,19 +317,21 @@ type engineProc struct {
 
 // startEngine runs the fake engine; it publishes its turns once a
 // subscriber is connected (or after waitSub), then idles serving replay.
-func startEngine(t *testing.T, spec engineSpec, pubPort, repPort int, waitSub time.Duration) *engineProc {
+// extra flags are appended.
+func startEngine(t *testing.T, spec engineSpec, pubPort, repPort int, waitSub time.Duration, extra ...string) *engineProc {
 	t.Helper()
 	built(t)
 	if pubPort == 0 {
 		pubPort, repPort = freePort(t), freePort(t)
 	}
 	e := &engineProc{spec: spec, pubPort: pubPort, repPort: repPort}
-	e.proc = startProc(t, "engine", bins.engine,
-		"--endpoint", "tcp://"+addr(pubPort), "--replay-endpoint", "tcp://"+addr(repPort), "--topic", "kv-events",
+	args := []string{
+		"--endpoint", "tcp://" + addr(pubPort), "--replay-endpoint", "tcp://" + addr(repPort), "--topic", "kv-events",
 		"--engine", spec.flavor, "--workload", "synthetic", "--seed", strconv.FormatUint(spec.seed, 10),
 		"--sessions", strconv.Itoa(spec.sessions), "--blocks-per-turn", "4", "--block-size", "16",
 		"--capacity-blocks", strconv.Itoa(spec.capacity), "--turns", strconv.Itoa(spec.turns), "--interval", "2ms",
-		"--ring-size", strconv.Itoa(spec.ring), "--wait-subscriber", waitSub.String(), "--linger")
+		"--ring-size", strconv.Itoa(spec.ring), "--wait-subscriber", waitSub.String(), "--linger"}
+	e.proc = startProc(t, "engine", bins.engine, append(args, extra...)...)
 	return e
 }
 

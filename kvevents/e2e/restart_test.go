@@ -261,3 +261,27 @@ func TestFarFutureTimestampSnapshot(t *testing.T) {
 	}
 	t.Fatalf("no r-future row in %+v", snap.Replicas)
 }
+
+// TestBindModeEngineFirst: the layout the pod injection wires, with the
+// built binaries. The engine's PUB connects (kvevent-fake-engine --connect,
+// as vLLM and SGLang do for tcp://127.0.0.1:5557) and runs its whole
+// workload before anything listens; the subscriber then binds that address
+// (--engine-endpoint-mode bind), the engine connects, and the connect sync
+// rebuilds everything from the replay. A SIGKILLed subscriber is
+// reconnected to by the engine as soon as its successor binds.
+func TestBindModeEngineFirst(t *testing.T) {
+	spec := engineSpec{flavor: "vllm", seed: 21, turns: 150, sessions: 12, capacity: 256, ring: 10000}
+	srv := startServer(t, nil)
+	cli := srv.client(t)
+	eng := startEngine(t, spec, 0, 0, 0, "--connect")
+	eng.waitIdle(t) // published with nobody listening
+	held := eng.heldKeys(t)
+	start := time.Now()
+	sub := startSubscriber(t, "pod-a", eng, srv, "--engine-endpoint-mode", "bind")
+	if _, err := waitAnswering(t, cli, spec.flavor, "pod-a", held, measureLimit); err != nil {
+		t.Fatalf("the subscriber started after the engine: %v", err)
+	}
+	t.Logf("bind mode, engine first: %d blocks answer %v after the subscriber started",
+		len(held), time.Since(start).Round(time.Millisecond))
+	restartSubscriber(t, cli, spec.flavor, "bind mode", sub, held)
+}

@@ -2,8 +2,10 @@ package fakeengine_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +18,7 @@ import (
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
 	"github.com/inferencecache/inferencecache/kvevents"
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
+	"github.com/inferencecache/inferencecache/kvevents/wire"
 )
 
 func sampleBatch() fakeengine.Batch {
@@ -41,8 +44,8 @@ func TestEncodingRoundTrip(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				var out kvevents.Batch
-				if err := kvevents.NewDecoder().Decode(payload, &out); err != nil {
+				var out wire.Batch
+				if err := wire.NewDecoder().Decode(payload, &out); err != nil {
 					t.Fatalf("%+v: %v", enc, err)
 				}
 				if out.TS != in.TS || !out.HasDPRank || out.DPRank != 1 || len(out.Events) != len(in.Events) {
@@ -80,8 +83,8 @@ func TestEncodingSGLang(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out kvevents.Batch
-	if err := kvevents.NewDecoder().Decode(payload, &out); err != nil {
+	var out wire.Batch
+	if err := wire.NewDecoder().Decode(payload, &out); err != nil {
 		t.Fatal(err)
 	}
 	if out.TS != in.TS || !out.HasDPRank || out.DPRank != 1 || len(out.Events) != len(in.Events) {
@@ -137,7 +140,7 @@ func TestMooncakeKeysAreStable(t *testing.T) {
 		for _, ev := range b.Events {
 			switch ev.Kind {
 			case fakeengine.BlockStored:
-				kev := &kvevents.Event{Kind: kvevents.KindBlockStored, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, BlockSize: ev.BlockSize}
+				kev := &wire.Event{Kind: wire.KindBlockStored, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, BlockSize: ev.BlockSize}
 				if ev.Parent != nil {
 					kev.ParentHash, kev.HasParent = *ev.Parent, true
 				}
@@ -150,7 +153,7 @@ func TestMooncakeKeysAreStable(t *testing.T) {
 				}
 			case fakeengine.BlockRemoved:
 				evictions += len(ev.BlockHashes)
-				idx.Remove(&kvevents.Event{Kind: kvevents.KindBlockRemoved, BlockHashes: ev.BlockHashes}, false, nil, nil)
+				idx.Remove(&wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: ev.BlockHashes}, false, nil, nil)
 			}
 		}
 		full := min(len(r.HashIDs), r.InputLength/fakeengine.MooncakeBlockSize)
@@ -203,8 +206,8 @@ func TestPublisherReplayRing(t *testing.T) {
 	defer cancel()
 	var seqs []uint64
 	err = kvevents.Replay(ctx, p.ReplayEndpoint(), 3, func(seq uint64, payload []byte) error {
-		var b kvevents.Batch
-		if err := kvevents.NewDecoder().Decode(payload, &b); err != nil {
+		var b wire.Batch
+		if err := wire.NewDecoder().Decode(payload, &b); err != nil {
 			return err
 		}
 		seqs = append(seqs, seq)
@@ -303,5 +306,86 @@ func TestMooncakeTimestampsFollowWallClock(t *testing.T) {
 		if want := float64(start.Add(off).UnixMicro()) / 1e6; math.Abs(b.TS-want) > 1e-6 {
 			t.Fatalf("batch %d ts %v, want %v (%v after start)", i, b.TS, want, off)
 		}
+	}
+}
+
+// With Connect the PUB connects to a SUB that listens, retrying until it
+// does (the engine starts first), and connects again after the SUB went
+// away and came back; Close does not wait for a listener that accepted the
+// connection but never speaks.
+func TestPublisherConnects(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "tcp://" + ln.Addr().String()
+	_ = ln.Close() // nothing listens yet
+	pub, err := fakeengine.NewPublisher(fakeengine.Config{Endpoint: ep, Connect: true, Topic: "kv-events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	if pub.Endpoint() != ep {
+		t.Errorf("Endpoint %q, want %q", pub.Endpoint(), ep)
+	}
+	for round := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		sub := zmq4.NewSub(ctx)
+		if err := sub.SetOption(zmq4.OptionSubscribe, "kv-events"); err != nil {
+			t.Fatal(err)
+		}
+		if err := sub.Listen(ep); err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan uint64, 1)
+		go func() {
+			if msg, err := sub.Recv(); err == nil && len(msg.Frames) == 3 && len(msg.Frames[1]) == 8 {
+				got <- binary.BigEndian.Uint64(msg.Frames[1])
+			}
+		}()
+		// Publish until one arrives: after the first round the PUB may
+		// still list its dead connection as subscribed for a moment.
+		tick := time.NewTicker(50 * time.Millisecond)
+	wait:
+		for {
+			if _, err := pub.Publish(sampleBatch()); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case seq := <-got:
+				t.Logf("round %d: batch %d received", round, seq)
+				break wait
+			case <-ctx.Done():
+				t.Fatalf("round %d: the connecting PUB delivered nothing to the listening SUB", round)
+			case <-tick.C:
+			}
+		}
+		tick.Stop()
+		_ = sub.Close()
+		cancel()
+	}
+
+	// A listener that accepts and never answers: the PUB's handshake
+	// waits on it, and Close ends it.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	stuck, err := fakeengine.NewPublisher(fakeengine.Config{Endpoint: "tcp://" + silent.Addr().String(), Connect: true, Topic: "kv-events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := silent.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	closed := make(chan struct{})
+	go func() { _ = stuck.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for a handshake that never ends")
 	}
 }

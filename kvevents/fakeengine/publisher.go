@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
 )
 
 // DefaultRingSize is how many batches the replay ring keeps (vLLM's
@@ -27,8 +28,17 @@ var endSeq = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 // Config configures a Publisher.
 type Config struct {
 	// Endpoint is where the PUB socket binds, e.g. tcp://127.0.0.1:5557;
-	// port 0 picks a free one (see Publisher.Endpoint).
+	// port 0 picks a free one (see Publisher.Endpoint). With Connect it is
+	// where the PUB socket connects to.
 	Endpoint string
+	// Connect makes the PUB socket connect to Endpoint (a subscriber that
+	// binds it, kvevents.EndpointBind) instead of binding it: what vLLM and
+	// SGLang do for an endpoint without a wildcard, such as
+	// tcp://127.0.0.1:5557. Like libzmq it keeps trying every 100 ms until
+	// the subscriber listens, and connects again whenever the connection
+	// is lost; what it publishes while not connected is not sent (it stays
+	// in the replay ring). The replay ROUTER still binds.
+	Connect bool
 	// ReplayEndpoint is where the replay ROUTER binds; "" disables replay.
 	ReplayEndpoint string
 	// Topic is the first frame of every message.
@@ -62,7 +72,9 @@ type ringEntry struct {
 // Publisher is a fake engine's event publisher. Publish is safe for
 // concurrent use.
 type Publisher struct {
-	cfg    Config
+	cfg Config
+	// pub is the PUB socket; with Connect, connectLoop replaces it (under
+	// mu) with each new connection's.
 	pub    zmq4.Socket
 	router zmq4.Socket // nil without replay
 	cancel context.CancelFunc
@@ -70,7 +82,8 @@ type Publisher struct {
 	pubEP  string // resolved PUB endpoint
 	repEP  string // resolved replay endpoint
 
-	// mu guards the fields below and serializes sends on pub.
+	// mu guards pub's replacement, the fields below, and serializes sends
+	// on pub.
 	mu        sync.Mutex
 	seq       uint64      // next sequence number
 	ring      []ringEntry // oldest first, at most cfg.RingSize
@@ -81,6 +94,126 @@ type Publisher struct {
 	dropped   uint64 // messages withheld from PUB
 	// replayPaused makes serveReplay ignore requests (PauseReplay).
 	replayPaused bool
+
+	dialed dialedConns // Connect: the PUB sockets' connections
+}
+
+// dialScheme is the transport a connecting PUB (Config.Connect) dials tcp
+// endpoints through: zmq4's own, recording each connection.
+const dialScheme = "fakeengine-tcp"
+
+func init() {
+	if err := zmq4.RegisterTransport(dialScheme, dialTransport{base: transport.New("tcp")}); err != nil {
+		panic(fmt.Sprintf("BUG: cannot register the %s transport: %v", dialScheme, err))
+	}
+}
+
+// dialTransport dials like base and records every connection in the
+// dialing socket's context (a *dialWatch): zmq4's handshake takes no
+// deadline, and a subscriber that accepted the connection but serves
+// another one first does not answer yet, so only closing the connection
+// (Close) ends a Dial stuck there.
+type dialTransport struct{ base transport.Transport }
+
+type dialedKey struct{}
+
+func (t dialTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := t.base.Dial(ctx, d, addr)
+	if err != nil {
+		return nil, err
+	}
+	if w, ok := ctx.Value(dialedKey{}).(*dialWatch); ok {
+		c = &watchedConn{Conn: c, lost: w.lost}
+		w.conns.add(c)
+	}
+	return c, nil
+}
+
+// dialWatch rides in a connecting PUB's context: its connections are
+// recorded in conns, and the loss of one closes lost.
+type dialWatch struct {
+	conns *dialedConns
+	lost  chan struct{}
+}
+
+// watchedConn closes lost (once) when a read or write fails or it is
+// closed. The PUB reads its connection all the time (subscriptions), so a
+// connection the subscriber dropped is noticed at once.
+type watchedConn struct {
+	net.Conn
+	lost chan struct{}
+	once sync.Once
+}
+
+func (c *watchedConn) signal() { c.once.Do(func() { close(c.lost) }) }
+
+func (c *watchedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil {
+		c.signal()
+	}
+	return n, err
+}
+
+func (c *watchedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err != nil {
+		c.signal()
+	}
+	return n, err
+}
+
+func (c *watchedConn) Close() error {
+	c.signal()
+	return c.Conn.Close()
+}
+
+func (t dialTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	return t.base.Listen(ctx, addr)
+}
+
+func (t dialTransport) Addr(ep string) (string, error) { return t.base.Addr(ep) }
+
+// dialedConns are the connections a connecting PUB made.
+type dialedConns struct {
+	mu    sync.Mutex // guards conns and closed
+	conns []net.Conn
+	// closed is set by closeAll: a connection made after it is closed at
+	// once.
+	closed bool
+}
+
+func (d *dialedConns) add(c net.Conn) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		_ = c.Close()
+		return
+	}
+	// Forget the connections already lost (a long run reconnects often).
+	d.conns = slices.DeleteFunc(d.conns, func(c net.Conn) bool {
+		w, ok := c.(*watchedConn)
+		if !ok {
+			return false
+		}
+		select {
+		case <-w.lost:
+			return true
+		default:
+			return false
+		}
+	})
+	d.conns = append(d.conns, c)
+}
+
+func (d *dialedConns) closeAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	for _, c := range d.conns {
+		_ = c.Close()
+	}
+	d.conns = nil
 }
 
 // quietLogger silences zmq4's own logging of connection churn.
@@ -96,12 +229,19 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, cancel: cancel, rng: rand.New(rand.NewPCG(cfg.Seed, 0x5eed))}
-	p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(quietLogger))
-	if err := p.pub.Listen(cfg.Endpoint); err != nil {
-		cancel()
-		return nil, fmt.Errorf("cannot listen on %s: %w", cfg.Endpoint, err)
+	if cfg.Connect {
+		// Unconnected until connectLoop's first connection: what is
+		// published meanwhile reaches nobody.
+		p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(quietLogger))
+		p.pubEP = cfg.Endpoint
+	} else {
+		p.pub = zmq4.NewPub(ctx, zmq4.WithLogger(quietLogger))
+		if err := p.pub.Listen(cfg.Endpoint); err != nil {
+			cancel()
+			return nil, fmt.Errorf("cannot listen on %s: %w", cfg.Endpoint, err)
+		}
+		p.pubEP = resolved(cfg.Endpoint, p.pub.Addr())
 	}
-	p.pubEP = resolved(cfg.Endpoint, p.pub.Addr())
 	if cfg.ReplayEndpoint != "" {
 		p.router = zmq4.NewRouter(ctx, zmq4.WithLogger(quietLogger))
 		if err := p.router.Listen(cfg.ReplayEndpoint); err != nil {
@@ -112,7 +252,55 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		p.repEP = resolved(cfg.ReplayEndpoint, p.router.Addr())
 		p.wg.Go(func() { p.serveReplay(ctx) })
 	}
+	if cfg.Connect {
+		// Connects in the background, as libzmq's connect does.
+		p.wg.Go(func() { p.connectLoop(ctx, cfg.Endpoint) })
+	}
 	return p, nil
+}
+
+// connectLoop keeps the PUB connected to ep (Config.Connect): it dials a
+// new PUB socket, retrying every 100 ms until something listens, puts it
+// in place of the previous one, and dials again 100 ms after its
+// connection is lost. (zmq4's own automatic reconnect cannot be used: a PUB that notices
+// the loss while writing dials again from inside its writer, which holds
+// the lock the new connection needs.)
+func (p *Publisher) connectLoop(ctx context.Context, ep string) {
+	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
+		ep = dialScheme + "://" + rest
+	}
+	for first := true; ctx.Err() == nil; first = false {
+		if !first {
+			// libzmq waits its reconnect interval (100 ms) before
+			// dialing again after a lost connection.
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		lost := make(chan struct{})
+		dctx := context.WithValue(ctx, dialedKey{}, &dialWatch{conns: &p.dialed, lost: lost})
+		sock := zmq4.NewPub(dctx, zmq4.WithLogger(quietLogger), zmq4.WithDialerMaxRetries(-1),
+			zmq4.WithDialerRetry(100*time.Millisecond), zmq4.WithDialerTimeout(time.Second))
+		if err := sock.Dial(ep); err != nil {
+			// Closed, or a connection that failed its handshake.
+			_ = sock.Close()
+			continue
+		}
+		p.mu.Lock()
+		old := p.pub
+		p.pub = sock
+		p.mu.Unlock()
+		_ = old.Close()
+		select {
+		case <-lost:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // resolved turns a bound listener address into a dialable tcp endpoint.
@@ -127,7 +315,8 @@ func resolved(ep string, addr net.Addr) string {
 	return ep
 }
 
-// Endpoint returns the PUB endpoint to dial.
+// Endpoint returns the PUB endpoint to dial (with Connect: the one it
+// connects to).
 func (p *Publisher) Endpoint() string { return p.pubEP }
 
 // ReplayEndpoint returns the replay endpoint to dial, "" without replay.
@@ -136,24 +325,27 @@ func (p *Publisher) ReplayEndpoint() string { return p.repEP }
 // Close stops the sockets.
 func (p *Publisher) Close() error {
 	p.cancel()
+	p.dialed.closeAll()
+	p.wg.Wait() // connectLoop no longer swaps p.pub
 	err := p.pub.Close()
 	if p.router != nil {
 		err = errors.Join(err, p.router.Close())
 	}
-	p.wg.Wait()
 	return err
 }
 
 // WaitSubscribed waits until a subscriber for the topic is connected (ZMQ
 // PUB drops what it sends before that).
 func (p *Publisher) WaitSubscribed(ctx context.Context) error {
-	t, ok := p.pub.(zmq4.Topics)
-	if !ok {
-		return errors.New("fakeengine: PUB socket does not report topics")
-	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
+		p.mu.Lock()
+		t, ok := p.pub.(zmq4.Topics)
+		p.mu.Unlock()
+		if !ok {
+			return errors.New("fakeengine: PUB socket does not report topics")
+		}
 		if slices.ContainsFunc(t.Topics(), func(s string) bool {
 			return strings.HasPrefix(p.cfg.Topic, s)
 		}) {

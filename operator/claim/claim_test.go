@@ -59,7 +59,7 @@ func TestClaimant(t *testing.T) {
 	if all[0].Name != "zeta" {
 		t.Errorf("Claimant reordered its input")
 	}
-	if !Claims(&all[2], all, "ns", map[string]string{"app": "vllm", "tier": "a"}, nil) || Claims(&all[0], all, "ns", map[string]string{"app": "vllm", "tier": "a"}, nil) {
+	if p := (Pod{Namespace: "ns", Labels: map[string]string{"app": "vllm", "tier": "a"}}); !Claims(&all[2], all, p) || Claims(&all[0], all, p) {
 		t.Errorf("Claims disagrees with Claimant")
 	}
 }
@@ -76,7 +76,8 @@ func TestOwner(t *testing.T) {
 	f := func(ns string, labels map[string]string, want string) {
 		t.Helper()
 		got := ""
-		if o := Owner(all, ns, labels, nil); o != nil {
+		consent := map[string]string{AllowClaimsFromAnnotation: "home, z-home"}
+		if o := Owner(all, Pod{Namespace: ns, NamespaceAnnotations: consent, Labels: labels}); o != nil {
 			got = o.Namespace + "/" + o.Name
 		}
 		if got != want {
@@ -89,8 +90,37 @@ func TestOwner(t *testing.T) {
 	f("z-home", map[string]string{"app": "vllm"}, "z-home/a")
 	f("local", map[string]string{"app": "sglang"}, "") // private does not reach out
 	f("other", map[string]string{}, "")
-	if !Claims(&all[1], all, "local", map[string]string{"app": "vllm"}, nil) || Claims(&all[0], all, "local", map[string]string{"app": "vllm"}, nil) {
+	local := Pod{Namespace: "local", NamespaceAnnotations: map[string]string{AllowClaimsFromAnnotation: "z-home,home"}, Labels: map[string]string{"app": "vllm"}}
+	if !Claims(&all[1], all, local) || Claims(&all[0], all, local) {
 		t.Error("Claims disagrees with Owner")
+	}
+	// Consent decides which cross-namespace backends are candidates at all.
+	local.NamespaceAnnotations = map[string]string{AllowClaimsFromAnnotation: "z-home"}
+	if o := Owner(all, local); o == nil || o.Namespace != "z-home" {
+		t.Errorf("Owner with consent for z-home only = %v", o)
+	}
+	local.NamespaceAnnotations = nil
+	if o := Owner(all, local); o != nil {
+		t.Errorf("Owner without consent = %s/%s, want none", o.Namespace, o.Name)
+	}
+}
+
+func TestConsents(t *testing.T) {
+	f := func(value, from string, want bool) {
+		t.Helper()
+		if got := Consents(map[string]string{AllowClaimsFromAnnotation: value}, from); got != want {
+			t.Errorf("Consents(%q, %q) = %t, want %t", value, from, got, want)
+		}
+	}
+	f("a", "a", true)
+	f("a,b", "b", true)
+	f(" a , b ", "b", true)
+	f("ab", "a", false)
+	f("*", "a", false) // no wildcard
+	f("", "", false)
+	f("a,,", "", false)
+	if Consents(nil, "a") {
+		t.Error("Consents(nil) = true")
 	}
 }
 
@@ -105,10 +135,10 @@ func TestOptedOut(t *testing.T) {
 		if got := Claimant(all, "ns", labels, annotations) != nil; got != claimed {
 			t.Errorf("Claimant(%v, %v) claims %t, want %t", labels, annotations, got, claimed)
 		}
-		if got := Owner(all, "other", labels, annotations) != nil; got != claimed {
+		if got := Owner(all, Pod{Namespace: "other", NamespaceAnnotations: map[string]string{AllowClaimsFromAnnotation: "home"}, Labels: labels, Annotations: annotations}) != nil; got != claimed {
 			t.Errorf("Owner(other, %v, %v) claims %t, want %t", labels, annotations, got, claimed)
 		}
-		if got := Claims(&all[0], all, "ns", labels, annotations); got != claimed {
+		if got := Claims(&all[0], all, Pod{Namespace: "ns", Labels: labels, Annotations: annotations}); got != claimed {
 			t.Errorf("Claims(%v, %v) = %t, want %t", labels, annotations, got, claimed)
 		}
 		if got := OptedOut(labels, annotations); got == claimed {

@@ -22,11 +22,15 @@ import (
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 	icwebhook "github.com/inferencecache/inferencecache/operator/internal/webhook"
 )
 
 // DefaultInterval is the default push and poll period.
 const DefaultInterval = controller.DefaultInterval
+
+// DefaultCacheServerImage is the default --cache-server-image.
+const DefaultCacheServerImage = controller.DefaultCacheServerImage
 
 // Options is the operator's configuration; cmd/controller fills it from
 // flags.
@@ -56,6 +60,13 @@ type Options struct {
 	MutatingWebhookConfigName string
 	// PodInjection configures the mutating pod webhook.
 	PodInjection icwebhook.PodInjectorOptions
+	// BackendPolicy is what CacheBackends may ask the controller to run
+	// (--allowed-backend-images, --allowed-service-accounts): the validating
+	// webhook refuses the rest and the reconciler does not provision it.
+	BackendPolicy validation.BackendPolicy
+	// CacheServerImage is the managed cache server's image
+	// (--cache-server-image); empty means DefaultCacheServerImage.
+	CacheServerImage string
 }
 
 // Scheme returns a scheme with the built-in kinds and inferencecache.io/v1alpha1.
@@ -106,13 +117,20 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	}
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme,
+		Scheme: scheme,
+		// What the cache keeps of each object (controller.CacheOptions), so
+		// the controller's memory follows the objects it works on.
+		Cache:                   controller.CacheOptions(),
 		Metrics:                 metricsserver.Options{BindAddress: f.MetricsAddr},
 		HealthProbeBindAddress:  f.ProbeAddr,
 		LeaderElection:          f.LeaderElect,
 		LeaderElectionID:        f.LeaderElectionID,
 		LeaderElectionNamespace: ns,
-		WebhookServer:           webhook.NewServer(webhook.Options{Host: f.WebhookHost, Port: f.WebhookPort, CertDir: f.WebhookCertDir}),
+		// A replica stopping (a rollout, a drain) gives the Lease up, so
+		// another leads at once rather than after the lease duration (15 s).
+		// Safe: Run returns, and the process exits, once the manager stopped.
+		LeaderElectionReleaseOnCancel: true,
+		WebhookServer:                 webhook.NewServer(webhook.Options{Host: f.WebhookHost, Port: f.WebhookPort, CertDir: f.WebhookCertDir}),
 	})
 	if err != nil {
 		return fmt.Errorf("cannot create manager: %w", err)
@@ -124,6 +142,7 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	}
 	if err := controller.Setup(mgr, controller.Options{
 		Server: server, PushInterval: f.PushInterval, SnapshotInterval: f.SnapshotInterval,
+		CacheBackend: controller.CacheBackendOptions{Policy: f.BackendPolicy, Image: f.CacheServerImage},
 	}); err != nil {
 		return err
 	}
@@ -132,7 +151,7 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	}
 	ready := healthz.Ping
 	if f.EnableWebhooks {
-		if err := icwebhook.Setup(mgr, mgr.GetAPIReader()); err != nil {
+		if err := icwebhook.Setup(mgr, mgr.GetAPIReader(), icwebhook.Options{BackendPolicy: f.BackendPolicy}); err != nil {
 			return fmt.Errorf("cannot set up webhooks: %w", err)
 		}
 		icwebhook.SetupPodInjection(mgr, mgr.GetClient(), f.PodInjection)

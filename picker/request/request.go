@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Kind is the API a request calls.
@@ -114,20 +116,160 @@ func KindOfPath(path string) Kind {
 	return KindUnknown
 }
 
-// body is the part of both APIs' bodies Parse reads.
+// body is the part of both APIs' bodies Parse reads. Each field is the
+// raw value of the body's last member of that name, matched as
+// encoding/json matches struct fields (exactly or under Unicode case
+// folding), nil when absent.
 type body struct {
-	Model                json.RawMessage `json:"model"`
-	Messages             json.RawMessage `json:"messages"`
-	Prompt               json.RawMessage `json:"prompt"`
-	Tools                json.RawMessage `json:"tools"`
-	Stream               json.RawMessage `json:"stream"`
-	StreamOptions        json.RawMessage `json:"stream_options"`
-	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
-	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
-	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
-	Documents            json.RawMessage `json:"documents"`
-	ReasoningEffort      json.RawMessage `json:"reasoning_effort"`
-	AddSpecialTokens     json.RawMessage `json:"add_special_tokens"`
+	Model                json.RawMessage
+	Messages             json.RawMessage
+	Prompt               json.RawMessage
+	Tools                json.RawMessage
+	Stream               json.RawMessage
+	StreamOptions        json.RawMessage
+	AddGenerationPrompt  json.RawMessage
+	ContinueFinalMessage json.RawMessage
+	ChatTemplateKwargs   json.RawMessage
+	Documents            json.RawMessage
+	ReasoningEffort      json.RawMessage
+	AddSpecialTokens     json.RawMessage
+
+	// msgs are the elements of Messages when it is an array, read in the
+	// same pass; badMsg is the first that is not an object with a
+	// non-empty string role, -1 when none.
+	msgs   []Message
+	badMsg int
+}
+
+// field returns the member of in that key names, nil for none.
+func (in *body) field(b []byte, ks, ke int, plain bool) *json.RawMessage {
+	// Dispatch on the first letter, folded: at most three names share one.
+	if ke-ks < 3 {
+		return nil
+	}
+	if b[ks+1] == '\\' {
+		// An escaped first letter: try every name.
+		for _, f := range in.fields() {
+			if keyIs(b, ks, ke, plain, f.name) {
+				return f.dst
+			}
+		}
+		return nil
+	}
+	c := b[ks+1] | 0x20 // ASCII letters folded; other bytes try every name
+	for _, f := range in.fields() {
+		if (f.name[0] == c || c >= utf8.RuneSelf) && keyIs(b, ks, ke, plain, f.name) {
+			return f.dst
+		}
+	}
+	return nil
+}
+
+type namedField struct {
+	name string
+	dst  *json.RawMessage
+}
+
+func (in *body) fields() [12]namedField {
+	return [12]namedField{
+		{"model", &in.Model}, {"messages", &in.Messages}, {"prompt", &in.Prompt}, {"tools", &in.Tools},
+		{"stream", &in.Stream}, {"stream_options", &in.StreamOptions}, {"add_generation_prompt", &in.AddGenerationPrompt},
+		{"continue_final_message", &in.ContinueFinalMessage}, {"chat_template_kwargs", &in.ChatTemplateKwargs},
+		{"documents", &in.Documents}, {"reasoning_effort", &in.ReasoningEffort}, {"add_special_tokens", &in.AddSpecialTokens},
+	}
+}
+
+// scanBody validates the whole body as encoding/json does and reads its
+// members into in, in one pass (the messages' roles included). false: not
+// valid JSON.
+func scanBody(b []byte, in *body) bool {
+	s := &scanner{b: b}
+	in.badMsg = -1
+	ok := s.object(func(ks, ke int, plain bool) bool {
+		dst := in.field(b, ks, ke, plain)
+		start := s.i
+		if dst == &in.Messages {
+			in.msgs, in.badMsg = in.msgs[:0], -1
+			if s.i < len(b) && b[s.i] == '[' {
+				if !s.messages(in) {
+					return false
+				}
+			} else if !s.skip() {
+				return false
+			}
+		} else if !s.skip() {
+			return false
+		}
+		if dst != nil {
+			*dst = b[start:s.i]
+		}
+		return true
+	})
+	if !ok {
+		return false
+	}
+	s.ws()
+	return s.i == len(b)
+}
+
+// messages scans the messages array at s.i into in.msgs.
+func (s *scanner) messages(in *body) bool {
+	return s.array(func(n int) bool {
+		start := s.i
+		role, good := "", false
+		if s.i < len(s.b) && s.b[s.i] == '{' {
+			good = true
+			ok := s.object(func(ks, ke int, plain bool) bool {
+				if !keyIs(s.b, ks, ke, plain, "role") {
+					return s.skip()
+				}
+				switch {
+				case s.i < len(s.b) && s.b[s.i] == '"':
+					vs := s.i
+					plain, ok := s.str()
+					if !ok {
+						return false
+					}
+					role = roleString(s.b[vs:s.i], plain)
+				case s.literal("null"):
+					// encoding/json leaves a string field as it was on null.
+				default:
+					good = false
+					return s.skip()
+				}
+				return true
+			})
+			if !ok {
+				return false
+			}
+		} else if !s.skip() {
+			return false
+		}
+		if (!good || role == "") && in.badMsg < 0 {
+			in.badMsg = n
+		}
+		in.msgs = append(in.msgs, Message{Role: role, Raw: s.b[start:s.i]})
+		return true
+	})
+}
+
+// roleString decodes a role, without allocating for the usual ones.
+func roleString(raw []byte, plain bool) string {
+	if plain {
+		switch string(raw[1 : len(raw)-1]) {
+		case "system":
+			return "system"
+		case "user":
+			return "user"
+		case "assistant":
+			return "assistant"
+		case "tool":
+			return "tool"
+		case "developer":
+			return "developer"
+		}
+	}
+	return stringValue(raw, plain)
 }
 
 // Parse reads a request body sent to path. The kind comes from the path,
@@ -135,19 +277,19 @@ type body struct {
 // completion). A body that is not a JSON object is ErrNotJSON; a JSON
 // object without a usable model and messages or prompt is ErrUnrecognized
 // (wrapped with the reason), and the Request then holds what could be read.
+//
+// It reads the body in one pass, validating it as encoding/json does and
+// reading the values as encoding/json would decode them into the
+// documented fields (member names matched exactly or under case folding,
+// the last of a name winning).
 func Parse(path string, b []byte) (*Request, error) {
 	var in body
 	trimmed := bytes.TrimSpace(b)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, ErrNotJSON
 	}
-	if err := json.Unmarshal(trimmed, &in); err != nil {
-		var te *json.UnmarshalTypeError
-		if !errors.As(err, &te) {
-			return nil, ErrNotJSON
-		}
-		// Cannot happen with RawMessage fields; kept for safety.
-		return nil, fmt.Errorf("%w: %v", ErrUnrecognized, err)
+	if !scanBody(trimmed, &in) {
+		return nil, ErrNotJSON
 	}
 	r := &Request{Kind: KindOfPath(path), AddGenerationPrompt: true}
 	if r.Kind == KindUnknown {
@@ -166,10 +308,8 @@ func Parse(path string, b []byte) (*Request, error) {
 		errs = append(errs, `"stream" is not a boolean`)
 	}
 	if present(in.StreamOptions) {
-		var so struct {
-			IncludeUsage json.RawMessage `json:"include_usage"`
-		}
-		if json.Unmarshal(in.StreamOptions, &so) != nil || !boolField(so.IncludeUsage, &r.IncludeUsage) {
+		iu, ok := member(in.StreamOptions, "include_usage")
+		if !ok || !boolField(iu, &r.IncludeUsage) {
 			errs = append(errs, `"stream_options" is not an object with a boolean include_usage`)
 		}
 	}
@@ -195,20 +335,35 @@ func Parse(path string, b []byte) (*Request, error) {
 	return r, nil
 }
 
+// member returns the value of the last member of the valid JSON value raw
+// that name names; ok is false when raw is not an object (what decoding
+// it into a struct refuses).
+func member(raw []byte, name string) (v json.RawMessage, ok bool) {
+	if raw[0] != '{' {
+		return nil, false
+	}
+	s := &scanner{b: raw}
+	s.object(func(ks, ke int, plain bool) bool {
+		start := s.i
+		if !s.skip() {
+			return false
+		}
+		if keyIs(raw, ks, ke, plain, name) {
+			v = raw[start:s.i]
+		}
+		return true
+	})
+	return v, true
+}
+
 func (r *Request) parseChat(in *body) error {
-	var raw []json.RawMessage
-	if !present(in.Messages) || json.Unmarshal(in.Messages, &raw) != nil || len(raw) == 0 {
+	if !present(in.Messages) || in.Messages[0] != '[' || len(in.msgs) == 0 {
 		return errors.New(`"messages" is not a non-empty array`)
 	}
-	r.Messages = make([]Message, len(raw))
-	for i, m := range raw {
-		var head struct {
-			Role string `json:"role"`
-		}
-		if len(m) == 0 || m[0] != '{' || json.Unmarshal(m, &head) != nil || head.Role == "" {
-			return fmt.Errorf("message %d is not an object with a string role", i)
-		}
-		r.Messages[i] = Message{Role: head.Role, Raw: m}
+	r.Messages = in.msgs
+	if i := in.badMsg; i >= 0 {
+		clear(r.Messages[i:])
+		return fmt.Errorf("message %d is not an object with a string role", i)
 	}
 	if present(in.Tools) {
 		if in.Tools[0] != '[' {
@@ -249,45 +404,97 @@ func (r *Request) parsePrompt(raw json.RawMessage) error {
 	}
 	switch raw[0] {
 	case '"':
-		if json.Unmarshal(raw, &r.Prompt) != nil {
-			return errors.New(bad)
-		}
+		r.Prompt = unquote(raw)
 		return nil
 	case '[':
 	default:
 		return errors.New(bad)
 	}
-	var items []json.RawMessage
-	if json.Unmarshal(raw, &items) != nil || len(items) == 0 {
+	s := &scanner{b: raw, i: 1}
+	s.ws()
+	if raw[s.i] == ']' {
 		return errors.New(bad)
 	}
-	switch items[0][0] {
+	start := s.i
+	s.skip()
+	first := raw[start:s.i]
+	switch first[0] {
 	case '"':
-		if json.Unmarshal(items[0], &r.Prompt) != nil {
-			return errors.New(bad)
-		}
+		r.Prompt = unquote(first)
 		return nil
 	case '[':
-		return r.tokens(items[0])
+		return r.tokens(first)
 	default:
 		return r.tokens(raw)
 	}
 }
 
+// tokens reads the token-id array raw as encoding/json decodes it into
+// []float64 (a null element is 0; any other non-number fails the whole
+// array), then checks each id is a uint32.
 func (r *Request) tokens(raw json.RawMessage) error {
-	var ids []float64
-	if json.Unmarshal(raw, &ids) != nil {
+	ids := make([]uint32, 0, len(raw)/4+1)
+	typeErr, badAt := false, -1
+	var badID float64
+	s := &scanner{b: raw}
+	s.array(func(int) bool {
+		start := s.i
+		var f float64
+		switch c := raw[s.i]; {
+		case c == '-' || isDigit(c):
+			s.number()
+			var ok bool
+			if f, ok = parseNumber(raw[start:s.i]); !ok {
+				typeErr = true
+			}
+		case s.literal("null"):
+		default:
+			typeErr = true
+			s.skip()
+		}
+		if badAt < 0 && (f < 0 || f > math.MaxUint32 || f != math.Trunc(f)) {
+			badAt, badID = len(ids), f
+		}
+		ids = append(ids, uint32(f))
+		return true
+	})
+	if typeErr {
 		return errors.New(`"prompt" token ids are not numbers`)
 	}
-	r.PromptTokens = make([]uint32, len(ids))
-	for i, f := range ids {
-		if f < 0 || f > math.MaxUint32 || f != math.Trunc(f) {
-			return fmt.Errorf(`"prompt" token id %v is not a uint32`, f)
-		}
-		r.PromptTokens[i] = uint32(f)
+	r.PromptTokens = ids
+	if badAt >= 0 {
+		clear(ids[badAt:])
+		return fmt.Errorf(`"prompt" token id %v is not a uint32`, badID)
 	}
 	r.HasPromptTokens = true
 	return nil
+}
+
+// parseNumber is a valid JSON number's float64 value, as encoding/json
+// reads it (false: out of range).
+func parseNumber(lit []byte) (float64, bool) {
+	if len(lit) <= 10 {
+		var u uint64
+		digits := true
+		for _, c := range lit {
+			if !isDigit(c) {
+				digits = false
+				break
+			}
+			u = u*10 + uint64(c-'0')
+		}
+		if digits {
+			return float64(u), true
+		}
+	}
+	f, err := strconv.ParseFloat(string(lit), 64)
+	return f, err == nil
+}
+
+// unquote decodes the valid JSON string raw (quotes included).
+func unquote(raw []byte) string {
+	inner := raw[1 : len(raw)-1]
+	return stringValue(raw, bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner))
 }
 
 // present reports a field that is there and not null.
@@ -298,7 +505,11 @@ func stringField(raw json.RawMessage, dst *string) bool {
 	if !present(raw) {
 		return true
 	}
-	return raw[0] == '"' && json.Unmarshal(raw, dst) == nil
+	if raw[0] != '"' {
+		return false
+	}
+	*dst = unquote(raw)
+	return true
 }
 
 // boolField sets *dst from a boolean field; absent or null leaves it.

@@ -1,8 +1,11 @@
 package request
 
 import (
+	"encoding/json"
 	"errors"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -143,6 +146,167 @@ func TestParseReasoningAndDocuments(t *testing.T) {
 	for _, bad := range []string{`"reasoning_effort": 1`, `"documents": {}`} {
 		if _, err := Parse(ChatPath, []byte(`{"model": "m", "messages": [{"role": "user", "content": "x"}], `+bad+`}`)); !errors.Is(err, ErrUnrecognized) {
 			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}
+
+// sameParse fails unless Parse and the encoding/json reference agree on
+// b: the same error (text and sentinel) and the same Request, field by
+// field (raw values byte for byte; nil and empty slices told apart).
+func sameParse(t *testing.T, path string, b []byte) {
+	t.Helper()
+	got, gerr := Parse(path, b)
+	want, werr := parseReference(path, b)
+	if (gerr == nil) != (werr == nil) || (gerr != nil && (gerr.Error() != werr.Error() ||
+		errors.Is(gerr, ErrNotJSON) != errors.Is(werr, ErrNotJSON))) {
+		t.Fatalf("%q %q: error %v, reference %v", path, b, gerr, werr)
+	}
+	if (got == nil) != (want == nil) {
+		t.Fatalf("%q %q: request %+v, reference %+v", path, b, got, want)
+	}
+	if got == nil {
+		return
+	}
+	if !reflect.DeepEqual(normalized(got), normalized(want)) {
+		t.Fatalf("%q %q:\n got %+v\nwant %+v", path, b, normalized(got), normalized(want))
+	}
+}
+
+// normalized makes raw values comparable with DeepEqual (RawMessage nil
+// vs empty is not a difference callers can see; text is).
+func normalized(r *Request) Request {
+	c := *r
+	raw := func(m json.RawMessage) json.RawMessage {
+		if m == nil {
+			return nil
+		}
+		return append(json.RawMessage{}, m...)
+	}
+	c.Tools, c.ChatTemplateKwargs, c.Documents = raw(c.Tools), raw(c.ChatTemplateKwargs), raw(c.Documents)
+	if c.Messages != nil {
+		c.Messages = slices.Clone(c.Messages)
+		for i := range c.Messages {
+			c.Messages[i].Raw = raw(c.Messages[i].Raw)
+		}
+	}
+	return c
+}
+
+// parseCorner are inputs where encoding/json's rules are easy to get
+// wrong: case-folded and escaped names, duplicates (the last wins, but a
+// null string field keeps the earlier value), nulls, Unicode whitespace
+// around the body, invalid UTF-8, escapes, deep nesting, numbers.
+var parseCorner = []string{
+	`{"MODEL": "m", "Messages": [{"ROLE": "user", "content": "x"}]}`,
+	`{"\u006dodel": "m", "messages": [{"r\u006fle": "user"}]}`,
+	"{\"model\": \"m\", \"\u017ftream\": true, \"messages\": [{\"role\": \"user\"}]}",
+	"{\"model\": \"m\", \"messages\": [{\"role\": \"user\"}], \"chat_template_\u212awargs\": {}}",
+	`{"model": "a", "model": "b", "messages": [{"role": "user"}], "messages": [{"role": "tool"}, {"role": "user"}]}`,
+	`{"model": "a", "model": null, "messages": [{"role": "user"}]}`,
+	`{"model": "m", "messages": [{"role": "user", "role": null}]}`,
+	`{"model": "m", "messages": [{"role": 5, "role": "user"}]}`,
+	`{"model": "m", "messages": [{"role": "user"}, 7, {"role": ""}]}`,
+	`{"model": "m", "messages": [{"role": "user"}], "messages": "x"}`,
+	`{"model": "m", "messages": [{"role": "user"}], "messages": null}`,
+	`{"model": "m", "messages": {}}`,
+	`{"model": "m", "messages": [[], {"role": "user"}]}`,
+	"\u00a0\u2028 {\"model\": \"m\", \"prompt\": \"x\"} \u0085",
+	"{\"model\": \"m\xff\", \"prompt\": \"\xc3\"}",
+	`{"model": "m\ud800", "prompt": "\ud83d\ude00\n\u0000"}`,
+	`{"model": "m", "prompt": "x", "stream": tru}`,
+	`{"model": "m", "prompt": "x"} x`,
+	`{"model": "m", "prompt": "x",}`,
+	`{"model": "m", "prompt": [01]}`,
+	`{"model": "m", "prompt": [-0, 1.0, 2e0, 3E+0, 0.5]}`,
+	`{"model": "m", "prompt": [1, null, 3]}`,
+	`{"model": "m", "prompt": [null, 1]}`,
+	`{"model": "m", "prompt": [1e400]}`,
+	`{"model": "m", "prompt": [1e-400, 4294967295, 4294967296]}`,
+	`{"model": "m", "prompt": [1, "2"]}`,
+	`{"model": "m", "prompt": [1, -2, 3.5]}`,
+	`{"model": "m", "prompt": [[1, 2], "x"]}`,
+	`{"model": "m", "prompt": [[]]}`,
+	`{"model": "m", "prompt": []}`,
+	`{"model": "m", "prompt": [{}]}`,
+	`{"model": "m", "prompt": ["a", 5]}`,
+	`{"model": "m", "prompt": "x", "stream_options": {"INCLUDE_USAGE": true, "include_usage": null}}`,
+	`{"model": "m", "prompt": "x", "stream_options": {"include_usage": 1}}`,
+	`{"model": "m", "prompt": "x", "stream_options": []}`,
+	`{"model": "m", "prompt": "x", "stream_options": null}`,
+	`{"model": "m", "prompt": "x", "add_special_tokens": false, "stream": null}`,
+	`{"model": "m", "messages": [{"role": "user"}], "tools": null, "documents": [], "reasoning_effort": null}`,
+	`{"model":"m","messages":[{"role":"user","content":"a\"b\\c\/d\b\f\n\r\t\u00e9"}]}`,
+	`{"model": "m", "messages": [{"role": "us\u0065r"}]}`,
+	"{\"model\": \"m\", \"messages\": [{\"role\": \"u\tser\"}]}",
+	`{"model": "m", "prompt": "x", "a": [[[[{"b": [{}]}]]]], "c": {"d": {"e": -1.5e-3}}}`,
+	`{"model": "m", "prompt": "\u12"}`,
+	`{"": 1, "m": 2, "model": "m", "prompt": "x"}`,
+	`{}`, `{ }`, `{"a"}`, `{"a":}`, `{,}`, `{"model": "m", "prompt": "x"`,
+}
+
+func TestParseMatchesReference(t *testing.T) {
+	for _, s := range parseCorner {
+		for _, path := range []string{ChatPath, CompletionPath, "/x"} {
+			sameParse(t, path, []byte(s))
+		}
+	}
+	deep := func(n int, open, close string) string {
+		return `{"model": "m", "prompt": "x", "d": ` + strings.Repeat(open, n) + strings.Repeat(close, n) + `}`
+	}
+	for _, n := range []int{9998, 9999, 10000} {
+		sameParse(t, ChatPath, []byte(deep(n, "[", "]")))
+		sameParse(t, ChatPath, []byte(deep(n, `{"a":`, "1}"[:1]+"}")))
+	}
+	// Every prefix of a realistic body: truncation anywhere is ErrNotJSON.
+	body := `{"model": "m", "stream": true, "stream_options": {"include_usage": true}, "messages": [{"role": "system", "content": "be \"brief\""}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}], "tools": [{"type": "function"}], "prompt": [1, 2]}`
+	for i := range len(body) + 1 {
+		sameParse(t, ChatPath, []byte(body[:i]))
+		sameParse(t, CompletionPath, []byte(body[:i]))
+	}
+}
+
+// FuzzParseMatchesReference: Parse agrees with encoding/json on any input.
+func FuzzParseMatchesReference(f *testing.F) {
+	for _, s := range parseCorner {
+		f.Add(ChatPath, []byte(s))
+		f.Add(CompletionPath, []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, path string, b []byte) {
+		sameParse(t, path, b)
+	})
+}
+
+// BenchmarkParse8k is Parse of an 8-turn chat body of about 8k tokens.
+func BenchmarkParse8k(b *testing.B) {
+	var msgs []map[string]string
+	for i := range 8 {
+		role := []string{"user", "assistant"}[i%2]
+		msgs = append(msgs, map[string]string{"role": role, "content": strings.Repeat("the quick brown fox jumps over the lazy dog ", 90)})
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "stream": true})
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(ChatPath, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseReference8k is the encoding/json implementation on the
+// same body, for the ratio.
+func BenchmarkParseReference8k(b *testing.B) {
+	var msgs []map[string]string
+	for i := range 8 {
+		role := []string{"user", "assistant"}[i%2]
+		msgs = append(msgs, map[string]string{"role": role, "content": strings.Repeat("the quick brown fox jumps over the lazy dog ", 90)})
+	}
+	body, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "stream": true})
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseReference(ChatPath, body); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

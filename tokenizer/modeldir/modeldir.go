@@ -22,13 +22,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"golang.org/x/sync/singleflight"
 
 	"github.com/inferencecache/inferencecache/chattemplate"
+	"github.com/inferencecache/inferencecache/internal/ratelog"
 	"github.com/inferencecache/inferencecache/tokenizer"
 )
 
@@ -115,9 +115,9 @@ type Dir struct {
 	// failed remembers failed loads until their retry time.
 	failed map[string]failure
 
-	// lastLog is the time (UnixNano) of the last failed-load log line;
-	// CompareAndSwap elects the one writer of a second.
-	lastLog atomic.Int64
+	// failLog rate-limits the failed-load log line to one a second (set
+	// up by New; lock-free, safe for concurrent use).
+	failLog ratelog.Limiter
 }
 
 type model struct {
@@ -186,6 +186,7 @@ func New(cfg Config) (*Dir, error) {
 	if d.prefixBytes = cfg.PrefixCacheBytes; d.prefixBytes <= 0 {
 		d.prefixBytes = DefaultPrefixCacheBytes
 	}
+	d.failLog = ratelog.Limiter{Every: time.Second, Now: d.now}
 	return d, nil
 }
 
@@ -368,14 +369,10 @@ func (d *Dir) read(id string) (*model, string, error) {
 }
 
 // logFailure logs a failed load at ERROR, at most once a second (model ids
-// come from requests; the count is in tokenizer_loads_total).
+// come from requests; the count is in tokenizer_loads_total), the next line
+// counting those held back.
 func (d *Dir) logFailure(msg string, args ...any) {
-	now := d.now().UnixNano()
-	last := d.lastLog.Load()
-	if now-last < int64(time.Second) || !d.lastLog.CompareAndSwap(last, now) {
-		return
-	}
-	d.log.Error(msg, args...)
+	d.failLog.Error(context.Background(), d.log, msg, args...)
 }
 
 // clip bounds a request-supplied id in log lines.

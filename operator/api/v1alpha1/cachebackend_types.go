@@ -121,7 +121,10 @@ type CacheBackendSpec struct {
 	Endpoint string `json:"endpoint,omitempty"`
 
 	// AllowCrossNamespace acknowledges an endpoint that resolves to a Service
-	// in another namespace.
+	// in another namespace, and lets the backend claim engine pods of other
+	// namespaces that have no claimant of their own and consent: their
+	// Namespace's annotation inferencecache.io/allow-claims-from lists this
+	// backend's namespace.
 	// +optional
 	AllowCrossNamespace bool `json:"allowCrossNamespace,omitempty"`
 }

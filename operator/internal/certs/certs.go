@@ -21,7 +21,10 @@
 // The CA is valid 10 years and rotated when less than one is left; ca.crt
 // then holds the new CA first and the previous one after it until it
 // expires, so certificates signed by either are trusted while the replicas
-// re-sign theirs. A serving certificate is valid one year and re-signed
+// re-sign theirs. A replica publishes the bundle before it serves a
+// certificate of a new CA, and never writes a bundle older than the one
+// published (ErrStaleBundle: it read the Secret before another replica
+// rotated), so the apiserver always trusts what every replica serves. A serving certificate is valid one year and re-signed
 // with 90 days left, or as soon as it does not chain to the current CA or
 // does not cover the Service's names. A Secret written by an older release
 // (ca.crt, tls.crt, tls.key and no ca.key) is rotated on first sight.
@@ -107,17 +110,59 @@ func Ensure(ctx context.Context, c client.Client, o Options) ([]byte, error) {
 	if o.Namespace == "" || o.SecretName == "" || o.ServiceName == "" || o.CertDir == "" {
 		return nil, ErrIncomplete
 	}
-	ca, err := ensureCA(ctx, c, &o)
-	if err != nil {
-		return nil, err
+	// The CA goes into the caBundles before this replica serves a
+	// certificate it signed: the apiserver trusts only the bundle, so the
+	// other order fails every webhook call reaching this replica until the
+	// bundle catches up. A patch refused as stale (another replica rotated
+	// after this one read the Secret) re-reads the Secret.
+	for attempt := 1; ; attempt++ {
+		ca, err := ensureCA(ctx, c, &o)
+		if err != nil {
+			return nil, err
+		}
+		err = PatchCABundles(ctx, c, o.WebhookConfigName, o.MutatingWebhookConfigName, ca.bundle)
+		if errors.Is(err, ErrStaleBundle) && attempt < staleRetries {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := ensureLeaf(o.CertDir, ca, DNSNames(o.ServiceName, o.Namespace), o.now()); err != nil {
+			return nil, err
+		}
+		return ca.bundle, nil
 	}
-	if err := ensureLeaf(o.CertDir, ca, DNSNames(o.ServiceName, o.Namespace), o.now()); err != nil {
-		return nil, err
+}
+
+// staleRetries bounds how often Ensure re-reads the Secret after a stale
+// bundle.
+const staleRetries = 3
+
+// ErrStaleBundle is PatchCABundles' error when a configuration already
+// carries a CA newer than any of the bundle it was given: the bundle was
+// read before another replica rotated the CA, and writing it would take the
+// new CA away from the apiserver while that replica serves under it.
+var ErrStaleBundle = errors.New("certs: the caBundle is older than the one published; re-read the CA Secret")
+
+// stale reports whether published holds a CA certificate that ours lacks
+// and that is newer than every certificate of ours.
+func stale(published, ours []byte) bool {
+	mine := parseCerts(ours)
+	if len(mine) == 0 {
+		return false
 	}
-	if err := PatchCABundles(ctx, c, o.WebhookConfigName, o.MutatingWebhookConfigName, ca.bundle); err != nil {
-		return nil, err
+	newest := mine[0].NotBefore
+	for _, c := range mine[1:] {
+		if c.NotBefore.After(newest) {
+			newest = c.NotBefore
+		}
 	}
-	return ca.bundle, nil
+	for _, p := range parseCerts(published) {
+		if p.NotBefore.After(newest) && !slices.ContainsFunc(mine, func(m *x509.Certificate) bool { return bytes.Equal(m.Raw, p.Raw) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // authority is the CA read from the Secret.
@@ -367,7 +412,9 @@ func writeFiles(dir string, data map[string][]byte) error {
 
 // PatchCABundles sets ca on every webhook of the named validating and
 // mutating configurations (an empty name is skipped, a missing
-// configuration too), retrying on update conflicts.
+// configuration too), retrying on update conflicts. It refuses, with
+// ErrStaleBundle and writing nothing to that configuration, to replace a
+// bundle that holds a CA newer than every one of ca.
 func PatchCABundles(ctx context.Context, c client.Client, validating, mutating string, ca []byte) error {
 	var errs []error
 	if validating != "" {
@@ -400,6 +447,9 @@ func patch(ctx context.Context, c client.Client, kind, name string, obj client.O
 		}
 		changed := false
 		for _, b := range bundles(obj) {
+			if stale(*b, ca) {
+				return ErrStaleBundle
+			}
 			if !bytes.Equal(*b, ca) {
 				*b = slices.Clone(ca)
 				changed = true

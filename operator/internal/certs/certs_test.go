@@ -18,6 +18,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 )
 
 func testClient(t *testing.T, objs ...client.Object) client.Client {
@@ -193,4 +194,102 @@ func TestEnsureUpgradesLegacySecret(t *testing.T) {
 	if !verifies(t, dir, bundle, "svc.ns.svc", now) {
 		t.Fatal("new certificate not trusted")
 	}
+}
+
+// TestRotationPublishesTheCAFirst: when the CA is rotated, the webhook
+// configurations carry the new CA before this replica serves a
+// certificate signed by it. Checked at every caBundle write: the
+// certificate on disk at that moment must chain to the bundle being
+// replaced, which the apiserver still uses.
+func TestRotationPublishesTheCAFirst(t *testing.T) {
+	ctx := testCtx(t)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	dir := t.TempDir()
+	var violations []string
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "vwc"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "a.example.io"}}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(vwc).WithInterceptorFuncs(interceptor.Funcs{
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if _, ok := obj.(*admissionregistrationv1.ValidatingWebhookConfiguration); ok {
+				var cur admissionregistrationv1.ValidatingWebhookConfiguration
+				if err := c.Get(ctx, client.ObjectKeyFromObject(obj), &cur); err != nil {
+					return err
+				}
+				if published := cur.Webhooks[0].ClientConfig.CABundle; len(published) > 0 && !chains(mustRead(t, dir), published) {
+					violations = append(violations, "the served certificate does not chain to the published caBundle")
+				}
+			}
+			return c.Update(ctx, obj, opts...)
+		}}).Build()
+	o := Options{Namespace: "ns", SecretName: "cert", ServiceName: "svc", CertDir: dir, WebhookConfigName: "vwc", Now: func() time.Time { return now }}
+	if _, err := Ensure(ctx, c, o); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(caValidity - caRenewBefore + time.Hour) // the CA's last year: rotate
+	bundle, err := Ensure(ctx, c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(violations) > 0 {
+		t.Fatalf("rotation: %v", violations)
+	}
+	if certs := parseCerts(bundle); len(certs) != 2 || !LeafValid(mustRead(t, dir), certs[0], DNSNames("svc", "ns"), now) {
+		t.Fatalf("after rotation: %d CAs in the bundle, certificate not signed by the new one", len(certs))
+	}
+}
+
+// TestStaleBundleIsNotPublished: a replica that read the Secret before
+// another rotated the CA must not put the old bundle back over the new one
+// (the other replica already serves a certificate of the new CA).
+func TestStaleBundleIsNotPublished(t *testing.T) {
+	ctx := testCtx(t)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "vwc"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "a.example.io"}}}
+	c := testClient(t, vwc)
+	o := Options{Namespace: "ns", SecretName: "cert", ServiceName: "svc", CertDir: t.TempDir(), WebhookConfigName: "vwc", Now: func() time.Time { return now }}
+	old, err := Ensure(ctx, c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(caValidity - caRenewBefore + time.Hour)
+	rotated, err := Ensure(ctx, c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = PatchCABundles(ctx, c, "vwc", "", old)
+	if err == nil {
+		t.Fatal("the stale bundle was published over the rotated one")
+	}
+	if err := c.Get(ctx, types.NamespacedName{Name: "vwc"}, vwc); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(vwc.Webhooks[0].ClientConfig.CABundle, rotated) {
+		t.Fatal("caBundle changed")
+	}
+}
+
+// chains reports whether the certificate certPEM is signed by a CA of
+// bundle, at a time both are valid (the test clock jumps years ahead).
+func chains(certPEM, bundle []byte) bool {
+	leaf := parseCerts(certPEM)
+	pool := x509.NewCertPool()
+	if len(leaf) == 0 || !pool.AppendCertsFromPEM(bundle) {
+		return false
+	}
+	_, err := leaf[0].Verify(x509.VerifyOptions{Roots: pool, CurrentTime: leaf[0].NotBefore.Add(time.Hour)})
+	return err == nil
+}
+
+func mustRead(t *testing.T, dir string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, keyCert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

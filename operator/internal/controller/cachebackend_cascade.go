@@ -139,7 +139,7 @@ func judgeInstance(old, now string, existing map[types.UID]bool, desired int32) 
 // RestartTriggerAnnotation. While the window is closed the old instance is
 // kept, so the pending change cascades once the window opens. It returns
 // how long until a pending cascade is due.
-func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, serverPods []corev1.Pod, w workloadState, now time.Time) (time.Duration, error) {
+func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, nsAnnotations func(string) map[string]string, serverPods []corev1.Pod, w workloadState, now time.Time) (time.Duration, error) {
 	cur := serverInstance(serverPods)
 	old := b.Status.ObservedServerInstance
 	existing := make(map[types.UID]bool, len(serverPods))
@@ -164,7 +164,7 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 	if left > 0 {
 		return left, nil
 	}
-	n, err := r.triggerEngines(ctx, b, scope, backends, cur)
+	n, err := r.triggerEngines(ctx, b, scope, backends, nsAnnotations, cur)
 	if err != nil {
 		return 0, err
 	}
@@ -183,16 +183,17 @@ func (r *CacheBackendReconciler) cascade(ctx context.Context, b *v1alpha1.CacheB
 // the Deployments in scope (b's namespace, or all with allowCrossNamespace)
 // whose pods b claims (claim.Owner over backends, those of the same scope:
 // the rule the webhook injects by, so a Deployment wired to another backend,
-// or whose pod template opted out of injection, is not rolled for b's
-// server). The
+// of a namespace that does not consent to b's, or whose pod template opted
+// out of injection, is not rolled for b's server). The
 // value is derived from the new instance, so a retried cascade does not
 // roll a Deployment a second time.
-func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, instance string) (int, error) {
+func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption, backends []v1alpha1.CacheBackend, nsAnnotations func(string) map[string]string, instance string) (int, error) {
 	if b.Spec.EngineSelector == nil || len(b.Spec.EngineSelector.MatchLabels) == 0 {
 		return 0, nil
 	}
+	key, _ := selectorKey(b.Spec.EngineSelector)
 	var deps appsv1.DeploymentList
-	if err := r.Client.List(ctx, &deps, scope...); err != nil {
+	if err := r.Client.List(ctx, &deps, append(slices.Clone(scope), client.MatchingFields{DeploymentTemplateLabelIndex: key})...); err != nil {
 		return 0, fmt.Errorf("cannot list the engine Deployments of %s/%s: %w", b.Namespace, b.Name, err)
 	}
 	sum := sha256.Sum256([]byte(instance))
@@ -206,7 +207,14 @@ func (r *CacheBackendReconciler) triggerEngines(ctx context.Context, b *v1alpha1
 	n := 0
 	for i := range deps.Items {
 		d := &deps.Items[i]
-		if !claim.Claims(b, backends, d.Namespace, d.Spec.Template.Labels, d.Spec.Template.Annotations) || d.Spec.Template.Annotations[RestartTriggerAnnotation] == value {
+		if d.Spec.Template.Annotations[RestartTriggerAnnotation] == value || !claim.Selects(b.Spec.EngineSelector, d.Spec.Template.Labels) {
+			continue
+		}
+		tpl := claim.Pod{Namespace: d.Namespace, Labels: d.Spec.Template.Labels, Annotations: d.Spec.Template.Annotations}
+		if d.Namespace != b.Namespace {
+			tpl.NamespaceAnnotations = nsAnnotations(d.Namespace)
+		}
+		if !claim.Claims(b, backends, tpl) {
 			continue
 		}
 		if err := r.Client.Patch(ctx, d, client.RawPatch(types.MergePatchType, patch)); err != nil {

@@ -104,6 +104,15 @@ const (
 	ReasonExternalEndpointAccepted = "ExternalEndpointAccepted"
 	ReasonExternalEndpointMissing  = "ExternalEndpointMissing"
 	ReasonExternalEndpointInvalid  = "ExternalEndpointInvalid"
+	// ReasonRolloutFailed: the workload controller reports the rollout as
+	// failed (Deployment ProgressDeadlineExceeded or ReplicaFailure).
+	ReasonRolloutFailed = "RolloutFailed"
+	// ReasonProvisionConflict: an object of the backend's name exists that
+	// the backend does not control.
+	ReasonProvisionConflict = "ProvisionConflict"
+	// ReasonProvisionFailed: the controller could not create or update the
+	// backend's objects, or its policy does not allow what the backend asks.
+	ReasonProvisionFailed = "ProvisionFailed"
 )
 
 // workloadState is what the conditions need of the managed Deployment or
@@ -116,6 +125,9 @@ type workloadState struct {
 	// current says the workload controller observed the latest spec.
 	current            bool
 	updated, available int32
+	// failed describes a rollout the workload controller gave up on; empty
+	// when none (StatefulSets report none).
+	failed string
 }
 
 func (w workloadState) rollingOut() bool {
@@ -189,6 +201,13 @@ func managedConditions(b *v1alpha1.CacheBackend, w workloadState, now time.Time,
 			return
 		}
 		c.set(v1alpha1.BackendConditionDegraded, metav1.ConditionTrue, reason, msg)
+	}
+	if w.failed != "" {
+		msg := fmt.Sprintf("the rollout failed (%s); %d of %d replicas available", w.failed, w.available, w.desired)
+		c.set(v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, ReasonRolloutFailed, msg)
+		ready(metav1.ConditionFalse, ReasonRolloutFailed, msg)
+		degraded(ReasonRolloutFailed, msg)
+		return nil
 	}
 	if w.rollingOut() {
 		c.set(v1alpha1.BackendConditionProgressing, metav1.ConditionTrue, ReasonRolloutInProgress,

@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -18,9 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
@@ -38,7 +42,9 @@ import (
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=list;watch;create;update;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Default windows of the CacheBackend reconciler (contract §6).
@@ -80,6 +86,11 @@ type CacheBackendOptions struct {
 	Resync time.Duration
 	// Image is the cache server image (default DefaultCacheServerImage).
 	Image string
+	// Policy is what a backend may ask to run (spec.backendConfig.image,
+	// spec.template.serviceAccountName); a backend asking for more is not
+	// provisioned. The validating webhook refuses the same at admission;
+	// this catches objects admitted before the policy was set.
+	Policy validation.BackendPolicy
 	// SkipNameValidation lets a process set up the controllers more than
 	// once (tests that run a manager per test).
 	SkipNameValidation bool
@@ -127,6 +138,8 @@ type CacheBackendReconciler struct {
 	// the last FunctionalProbeOK verdict and the instance last cascaded to.
 	probes   rateGate[metav1.Condition]
 	cascades rateGate[string]
+	// server is the shared /probe backoff after transport errors.
+	server serverBackoff
 }
 
 var _ reconcile.Reconciler = (*CacheBackendReconciler)(nil)
@@ -198,15 +211,19 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if b.Spec.AllowCrossNamespace {
 		scope = nil
 	}
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, scope...); err != nil {
-		return reconcile.Result{}, fmt.Errorf("cannot list the pods of CacheBackend %s: %w", req, err)
+	pods, err := r.podsOf(ctx, &b, scope)
+	if err != nil {
+		return reconcile.Result{}, err
 	}
 	var backends v1alpha1.CacheBackendList
 	if err := r.Client.List(ctx, &backends, scope...); err != nil {
 		return reconcile.Result{}, fmt.Errorf("cannot list the CacheBackends beside %s: %w", req, err)
 	}
-	m := matchEngines(&b, backends.Items, pods.Items)
+	nsAnn := &namespaceAnnotations{reader: r.Client}
+	m := matchEngines(&b, backends.Items, pods.selected, nsAnn.of(ctx))
+	if nsAnn.err != nil {
+		return reconcile.Result{}, nsAnn.err
+	}
 	st.MatchedEnginePods = ptr(int32(m.claimed))
 	st.EngineSelectorMessage = selectorMessage(&b, m)
 	st.FailOpen = ptr(b.Spec.Integration == nil || b.Spec.Integration.FailOpen == nil || *b.Spec.Integration.FailOpen)
@@ -243,17 +260,29 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		g := eventsOnlyConditions(&b, now, c)
 		due(g.wait)
 		if class == classSelfRun {
-			engineCompatibility(&b, pods.Items, c)
+			engineCompatibility(&b, pods.injected, c)
 		}
 	default:
 		w, err := r.provision(ctx, &b)
 		if err != nil {
-			if errors.Is(err, errNotControlled) && r.Recorder != nil {
-				r.Recorder.Eventf(&b, nil, corev1.EventTypeWarning, "ProvisionConflict", "Provision", "%s", err.Error())
+			if apierrors.IsConflict(err) {
+				// A stale cache: the next pass reads the object again.
+				return reconcile.Result{RequeueAfter: conflictRetry}, nil
 			}
-			return reconcile.Result{}, err
+			// The reason reaches status (and, on the transition, an Event)
+			// rather than only the log.
+			reason := ReasonProvisionFailed
+			if errors.Is(err, errNotControlled) {
+				reason = ReasonProvisionConflict
+			}
+			c.set(v1alpha1.BackendConditionReady, metav1.ConditionFalse, reason, err.Error())
+			c.set(v1alpha1.BackendConditionProgressing, metav1.ConditionFalse, reason, err.Error())
+			if !errors.Is(err, errNotControlled) && !errors.Is(err, errNotAllowed) {
+				passErr = err // transient: retried with backoff
+			}
+			break
 		}
-		st.Endpoint = serverEndpoint(&b)
+		st.Endpoint = ManagedEndpoint(&b)
 		if st.FirstAvailableAt == nil && w.available > 0 {
 			st.FirstAvailableAt = ptr(metav1.NewTime(now.UTC().Truncate(time.Second)))
 		}
@@ -271,8 +300,8 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 			c.set(v1alpha1.BackendConditionReady, metav1.ConditionFalse, fp.Reason, "the functional probe failed: "+fp.Message)
 		}
 		t2Condition(&b, c)
-		engineCompatibility(&b, pods.Items, c)
-		wait, err := r.cascade(ctx, &b, scope, backends.Items, serverPods(&b, pods.Items), w, now)
+		engineCompatibility(&b, pods.injected, c)
+		wait, err := r.cascade(ctx, &b, scope, backends.Items, nsAnn.of(ctx), serverPods(&b, pods.served), w, now)
 		passErr = err
 		due(wait)
 	}
@@ -300,6 +329,42 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 
+// backendPods are the pods one pass of a backend reads, each set listed
+// through a field index of the cache (IndexedFields), so a pass copies
+// these and not every pod of its scope.
+type backendPods struct {
+	// selected carry the label pair of the backend's selector (selectorKey):
+	// a superset of those its selector matches.
+	selected []corev1.Pod
+	// served carry the backend's BackendLabel: its cache-server pods, and
+	// any other pod so labelled (serverPods filters them).
+	served []corev1.Pod
+	// injected carry the backend's injected-by annotation.
+	injected []corev1.Pod
+}
+
+// podsOf lists the pods of b within scope.
+func (r *CacheBackendReconciler) podsOf(ctx context.Context, b *v1alpha1.CacheBackend, scope []client.ListOption) (backendPods, error) {
+	var out backendPods
+	list := func(into *[]corev1.Pod, opts ...client.ListOption) error {
+		var pl corev1.PodList
+		if err := r.Client.List(ctx, &pl, opts...); err != nil {
+			return fmt.Errorf("cannot list the pods of CacheBackend %s/%s: %w", b.Namespace, b.Name, err)
+		}
+		*into = pl.Items
+		return nil
+	}
+	if key, ok := selectorKey(b.Spec.EngineSelector); ok {
+		if err := list(&out.selected, append(slices.Clone(scope), client.MatchingFields{PodLabelIndex: key})...); err != nil {
+			return out, err
+		}
+	}
+	if err := list(&out.served, client.InNamespace(b.Namespace), client.MatchingFields{PodLabelIndex: BackendLabel + "=" + b.Name}); err != nil {
+		return out, err
+	}
+	return out, list(&out.injected, append(slices.Clone(scope), client.MatchingFields{PodInjectedByIndex: b.Namespace + "/" + b.Name})...)
+}
+
 // engineMatch is how many pods of b's namespace b claims, and how many more
 // its selector matches that an earlier backend by name claims.
 type engineMatch struct {
@@ -309,6 +374,9 @@ type engineMatch struct {
 	// (claim.OptedOut): the controller never wires them, so no backend
 	// claims them.
 	optedOut int
+	// unconsented counts pods b's selector matches in other namespaces that
+	// do not consent to b's (claim.AllowClaimsFromAnnotation).
+	unconsented int
 	// shadowedBy names (<ns>/<name>) one backend that claims pods b's
 	// selector matches.
 	shadowedBy string
@@ -318,8 +386,10 @@ type engineMatch struct {
 // backends (those of b's namespace, and of every namespace when b sets
 // allowCrossNamespace; b included): the rule the pod webhook injects by, so
 // matchedEnginePods counts the pods a creation would wire to b (not those
-// that opted out of injection). An empty selector claims none.
-func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pods []corev1.Pod) engineMatch {
+// that opted out of injection, nor those of a namespace that does not
+// consent). nsAnnotations returns a Namespace's annotations. An empty
+// selector claims none.
+func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, pods []corev1.Pod, nsAnnotations func(string) map[string]string) engineMatch {
 	var m engineMatch
 	for i := range pods {
 		p := &pods[i]
@@ -333,7 +403,16 @@ func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, po
 			m.optedOut++
 			continue
 		}
-		if o := claim.Owner(backends, p.Namespace, p.Labels, p.Annotations); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
+		pod := claim.Pod{Namespace: p.Namespace, Labels: p.Labels, Annotations: p.Annotations}
+		if p.Namespace != b.Namespace {
+			if pod.NamespaceAnnotations = nsAnnotations(p.Namespace); !claim.Reaches(b, pod) {
+				if claim.Claimant(backends, p.Namespace, p.Labels, p.Annotations) == nil {
+					m.unconsented++
+				}
+				continue
+			}
+		}
+		if o := claim.Owner(backends, pod); o == nil || o.Namespace != b.Namespace || o.Name != b.Name {
 			if o != nil {
 				m.shadowed++
 				m.shadowedBy = o.Namespace + "/" + o.Name
@@ -343,6 +422,36 @@ func matchEngines(b *v1alpha1.CacheBackend, backends []v1alpha1.CacheBackend, po
 		m.claimed++
 	}
 	return m
+}
+
+// namespaceAnnotations reads Namespace annotations (metadata only, through
+// the manager's cache), each namespace once per pass. The first error other
+// than NotFound is kept in err and the namespace reads as unannotated (no
+// consent) meanwhile.
+type namespaceAnnotations struct {
+	reader client.Reader
+	seen   map[string]map[string]string
+	err    error
+}
+
+// of returns the lookup function bound to ctx.
+func (n *namespaceAnnotations) of(ctx context.Context) func(string) map[string]string {
+	return func(ns string) map[string]string {
+		if a, ok := n.seen[ns]; ok {
+			return a
+		}
+		if n.seen == nil {
+			n.seen = map[string]map[string]string{}
+		}
+		meta := &metav1.PartialObjectMetadata{}
+		meta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+		err := n.reader.Get(ctx, client.ObjectKey{Name: ns}, meta)
+		if err != nil && !apierrors.IsNotFound(err) && n.err == nil {
+			n.err = fmt.Errorf("cannot read namespace %s for its consent to cross-namespace claims: %w", ns, err)
+		}
+		n.seen[ns] = meta.Annotations
+		return meta.Annotations
+	}
 }
 
 func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
@@ -368,6 +477,9 @@ func selectorMessage(b *v1alpha1.CacheBackend, m engineMatch) string {
 	}
 	if m.optedOut > 0 {
 		msg += fmt.Sprintf("; %d more match but opted out of injection (%s: \"false\")", m.optedOut, claim.InjectKey)
+	}
+	if m.unconsented > 0 {
+		msg += fmt.Sprintf("; %d more match in other namespaces that do not consent (annotate the Namespace with %s: %q)", m.unconsented, claim.AllowClaimsFromAnnotation, b.Namespace)
 	}
 	return msg
 }
@@ -467,12 +579,41 @@ func backendsOfPod(ctx context.Context, c client.Reader, p *corev1.Pod) []reconc
 	return out
 }
 
+// crossNamespaceBackends lists the backends that set allowCrossNamespace.
+func crossNamespaceBackends(ctx context.Context, c client.Reader) []reconcile.Request {
+	var list v1alpha1.CacheBackendList
+	if err := c.List(ctx, &list); err != nil {
+		return nil
+	}
+	var out []reconcile.Request
+	for i := range list.Items {
+		if b := &list.Items[i]; b.Spec.AllowCrossNamespace {
+			out = append(out, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: b.Namespace, Name: b.Name}})
+		}
+	}
+	return out
+}
+
+// consentChanged passes Namespace events that can change a cross-namespace
+// claim: a namespace created or deleted, or its consent annotation edited.
+var consentChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetAnnotations()[claim.AllowClaimsFromAnnotation] != e.ObjectNew.GetAnnotations()[claim.AllowClaimsFromAnnotation]
+	},
+	GenericFunc: func(event.GenericEvent) bool { return false },
+}
+
 // SetupCacheBackend registers the CacheBackend and PromptTemplate
 // reconcilers with mgr. server is the routing server client of /probe.
 func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOptions) error {
 	m, err := registeredBackendControllerMetrics()
 	if err != nil {
 		return fmt.Errorf("cannot register the CacheBackend metrics: %w", err)
+	}
+	for _, f := range IndexedFields() {
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), f.Object, f.Field, f.Extract); err != nil {
+			return fmt.Errorf("cannot index %T by %s: %w", f.Object, f.Field, err)
+		}
 	}
 	r := &CacheBackendReconciler{
 		Client:   mgr.GetClient(),
@@ -494,6 +635,7 @@ func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOpt
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
 			p, ok := obj.(*corev1.Pod)
 			if !ok {
@@ -501,6 +643,11 @@ func SetupCacheBackend(mgr ctrl.Manager, server *ServerClient, o CacheBackendOpt
 			}
 			return backendsOfPod(ctx, mgr.GetClient(), p)
 		})).
+		// A namespace's consent to cross-namespace claims changes which pods
+		// the backends with allowCrossNamespace claim.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			return crossNamespaceBackends(ctx, mgr.GetClient())
+		}), builder.OnlyMetadata, builder.WithPredicates(consentChanged)).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("cannot set up the CacheBackend controller: %w", err)

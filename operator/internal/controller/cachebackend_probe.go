@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -166,10 +168,58 @@ func (g *rateGate[T]) forget(key string) {
 	delete(g.last, key)
 }
 
+// serverBackoff spaces the /probe calls of all backends while the routing
+// server does not answer at all (a transport error: refused, reset, timed
+// out): after one such failure no backend calls until the backoff ends,
+// doubling from minServerBackoff up to the probe interval, so a dead or
+// hanging server does not hold every reconcile worker for the /probe
+// timeout. Any answer, even an HTTP error, ends it.
+type serverBackoff struct {
+	mu      sync.Mutex    // guards the fields below
+	until   time.Time     // no call before this
+	step    time.Duration // the last backoff; 0 while the server answers
+	lastErr string        // the transport error that started the backoff
+}
+
+// minServerBackoff is the first backoff after a transport error.
+const minServerBackoff = time.Second
+
+// hold returns how long calls must still wait at now, and why.
+func (s *serverBackoff) hold(now time.Time) (time.Duration, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(s.until.Sub(now), 0), s.lastErr
+}
+
+// failed records a transport error at now and returns the backoff it
+// starts.
+func (s *serverBackoff) failed(now time.Time, err error, ceiling time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.step = min(max(2*s.step, minServerBackoff), max(ceiling, minServerBackoff))
+	s.until, s.lastErr = now.Add(s.step), err.Error()
+	return s.step
+}
+
+// answered records that the server answered.
+func (s *serverBackoff) answered() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.step, s.until, s.lastErr = 0, time.Time{}, ""
+}
+
+// transportError reports whether err means the server did not answer (as
+// opposed to an HTTP error status or a bad body).
+func transportError(err error) bool {
+	var ue *url.Error
+	return errors.As(err, &ue)
+}
+
 // probe sets FunctionalProbeOK of a managed backend whose KV gate reports
 // Ready: ProbeBypassed when annotated, otherwise a /probe call at most once
-// per ProbeInterval, bounded by ProbeTimeout. It returns when the next call
-// is due (0: none pending).
+// per ProbeInterval, bounded by ProbeTimeout, and none while the server is
+// in backoff after a transport error (serverBackoff). It returns when the
+// next call is due (0: none pending).
 func (r *CacheBackendReconciler) probe(ctx context.Context, b *v1alpha1.CacheBackend, now time.Time, c conds) time.Duration {
 	key := b.Namespace + "/" + b.Name
 	if b.Annotations[SkipFunctionalProbeAnnotation] == "true" {
@@ -184,17 +234,32 @@ func (r *CacheBackendReconciler) probe(ctx context.Context, b *v1alpha1.CacheBac
 		}
 		return left
 	}
+	unknown := func(msg string) {
+		if !stickyProbeFailure(meta.FindStatusCondition(*c.list, v1alpha1.BackendConditionFunctionalProbeOK)) {
+			c.set(v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionUnknown, ReasonProbeError, msg)
+		}
+	}
+	if wait, why := r.server.hold(now); wait > 0 {
+		// Not this backend's turn to find out; its own probe window stays
+		// open, so it probes as soon as the backoff ends.
+		unknown(fmt.Sprintf("not probed: the routing server did not answer a /probe (%s); the next call is in %s", why, wait.Round(time.Millisecond)))
+		return wait
+	}
 	pctx, cancel := context.WithTimeout(ctx, r.probeTimeout())
 	resp, err := r.Server.Probe(pctx, probeRequest(b))
 	cancel()
-	if err != nil {
+	switch {
+	case err != nil && transportError(err):
 		if pctx.Err() != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w (no answer within the %s /probe timeout)", err, r.probeTimeout())
 		}
-		if !stickyProbeFailure(meta.FindStatusCondition(*c.list, v1alpha1.BackendConditionFunctionalProbeOK)) {
-			c.set(v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionUnknown, ReasonProbeError, err.Error())
-		}
-	} else {
+		step := r.server.failed(now, err, r.probeInterval())
+		unknown(fmt.Sprintf("%s; every backend's /probe waits %s", err, step))
+	case err != nil:
+		r.server.answered()
+		unknown(err.Error())
+	default:
+		r.server.answered()
 		r.metrics.recordProbe(key, resp)
 		status, reason, msg := probeVerdict(resp)
 		c.set(v1alpha1.BackendConditionFunctionalProbeOK, status, reason, msg)

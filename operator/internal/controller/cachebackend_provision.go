@@ -4,27 +4,40 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
 // Provisioning constants of a managed backend.
 const (
-	// DefaultCacheServerImage runs the LMCache server; spec.backendConfig
-	// "image" overrides it per backend, CacheBackendOptions.Image per
+	// DefaultCacheServerImage runs the LMCache server (python3 -m
+	// lmcache.v1.server), pinned to a release so a node pulling it later
+	// runs what was tested; spec.backendConfig "image" overrides it per
+	// backend, CacheBackendOptions.Image (--cache-server-image) per
 	// controller.
-	DefaultCacheServerImage = "lmcache/vllm-openai:latest"
+	DefaultCacheServerImage = "lmcache/vllm-openai:v0.3.15"
+	// cacheServerUser is the user and group the cache server runs as: not
+	// root (the restricted pod security profile), the images' nonroot id.
+	cacheServerUser = 65532
+	// cacheServerTmp is the writable scratch directory of the server (its
+	// root filesystem is read-only); HOME points there.
+	cacheServerTmp = "/tmp"
 	// CacheServerPort is the port of the LMCache server (lm://host:8200).
 	CacheServerPort = 8200
 	// cacheServerContainer names the server container in the pod template.
@@ -35,7 +48,7 @@ const (
 	ComponentLabel = "app.kubernetes.io/component"
 	componentValue = "cache-server"
 	// backendConfigImage is the spec.backendConfig key of the image.
-	backendConfigImage = "image"
+	backendConfigImage = validation.BackendConfigImage
 )
 
 // serverLabels are the labels (and selector) of a backend's server pods.
@@ -54,8 +67,10 @@ func serverSelector(b *v1alpha1.CacheBackend) map[string]string {
 	return map[string]string{BackendLabel: b.Name, ComponentLabel: componentValue}
 }
 
-// serverEndpoint is status.endpoint of a managed backend.
-func serverEndpoint(b *v1alpha1.CacheBackend) string {
+// ManagedEndpoint is the address of a managed backend's cache server, its
+// Service <name>.<namespace>.svc:8200: status.endpoint once reconciled, and
+// what the pod webhook wires before that.
+func ManagedEndpoint(b *v1alpha1.CacheBackend) string {
 	return fmt.Sprintf("%s.%s.svc:%d", b.Name, b.Namespace, CacheServerPort)
 }
 
@@ -81,9 +96,11 @@ func desiredReplicas(b *v1alpha1.CacheBackend) *int32 {
 }
 
 // mutatePodTemplate sets the fields of tpl the controller owns and leaves the
-// rest (apiserver defaults, other writers' annotations) alone, so an
-// unchanged backend produces no update.
-func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTemplateSpec) {
+// rest (apiserver defaults, other writers' annotations, pod fields
+// spec.template never set) alone, so an unchanged backend produces no
+// update. workload is the Deployment's or StatefulSet's metadata, where
+// applyTemplate records what spec.template set.
+func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTemplateSpec, workload *metav1.ObjectMeta) {
 	if tpl.Labels == nil {
 		tpl.Labels = map[string]string{}
 	}
@@ -123,22 +140,122 @@ func mutatePodTemplate(b *v1alpha1.CacheBackend, image string, tpl *corev1.PodTe
 		SuccessThreshold: 1,
 		FailureThreshold: 3,
 	}
-	if o := b.Spec.Template; o != nil {
-		tpl.Spec.NodeSelector = o.NodeSelector
-		tpl.Spec.Tolerations = o.Tolerations
-		tpl.Spec.ImagePullSecrets = o.ImagePullSecrets
-		tpl.Spec.ServiceAccountName = o.ServiceAccountName
-		tpl.Spec.PriorityClassName = o.PriorityClassName
-		tpl.Spec.RuntimeClassName = o.RuntimeClassName
-		if o.TerminationGracePeriodSeconds != nil {
-			tpl.Spec.TerminationGracePeriodSeconds = o.TerminationGracePeriodSeconds
+	// A server that stops accepting connections for a minute is restarted
+	// (the restart cascade then reconnects the engines). Every field the
+	// apiserver would default is set, so an unchanged backend writes
+	// nothing.
+	c.LivenessProbe = &corev1.Probe{
+		ProbeHandler:        corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("lm")}},
+		InitialDelaySeconds: 30,
+		PeriodSeconds:       10,
+		TimeoutSeconds:      2,
+		SuccessThreshold:    1,
+		FailureThreshold:    6,
+	}
+	// The restricted pod security profile: not root, no privilege
+	// escalation, no capabilities, RuntimeDefault seccomp, and a read-only
+	// root filesystem with an emptyDir for scratch.
+	no, yes := false, true
+	uid := int64(cacheServerUser)
+	tpl.Spec.SecurityContext = &corev1.PodSecurityContext{
+		RunAsNonRoot:   &yes,
+		RunAsUser:      &uid,
+		RunAsGroup:     &uid,
+		FSGroup:        &uid,
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	c.SecurityContext = &corev1.SecurityContext{
+		AllowPrivilegeEscalation: &no,
+		ReadOnlyRootFilesystem:   &yes,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+	c.Env = []corev1.EnvVar{{Name: "HOME", Value: cacheServerTmp}}
+	c.VolumeMounts = []corev1.VolumeMount{{Name: "tmp", MountPath: cacheServerTmp}}
+	tpl.Spec.Volumes = []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	applyTemplate(b.Spec.Template, &tpl.Spec, workload)
+}
+
+// TemplateFieldsAnnotation on a managed workload lists (comma-separated,
+// sorted) the pod fields spec.template set on it at the last pass, so a
+// field removed from spec.template is removed from the workload, and a
+// field spec.template never set (another writer's) is left alone.
+const TemplateFieldsAnnotation = "inferencecache.io/template-fields"
+
+// templateField is a pod field spec.template may set: whether override o
+// sets it, how to copy it into a pod spec, and how to clear it there.
+type templateField struct {
+	name  string
+	sets  func(o *v1alpha1.BackendPodOverride) bool
+	copy  func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec)
+	clear func(ps *corev1.PodSpec)
+}
+
+var templateFields = []templateField{
+	{"imagePullSecrets",
+		func(o *v1alpha1.BackendPodOverride) bool { return len(o.ImagePullSecrets) > 0 },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.ImagePullSecrets = o.ImagePullSecrets },
+		func(ps *corev1.PodSpec) { ps.ImagePullSecrets = nil }},
+	{"nodeSelector",
+		func(o *v1alpha1.BackendPodOverride) bool { return len(o.NodeSelector) > 0 },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.NodeSelector = o.NodeSelector },
+		func(ps *corev1.PodSpec) { ps.NodeSelector = nil }},
+	{"priorityClassName",
+		func(o *v1alpha1.BackendPodOverride) bool { return o.PriorityClassName != "" },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.PriorityClassName = o.PriorityClassName },
+		func(ps *corev1.PodSpec) { ps.PriorityClassName = "" }},
+	{"runtimeClassName",
+		func(o *v1alpha1.BackendPodOverride) bool { return o.RuntimeClassName != nil },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.RuntimeClassName = o.RuntimeClassName },
+		func(ps *corev1.PodSpec) { ps.RuntimeClassName = nil }},
+	{"serviceAccountName",
+		func(o *v1alpha1.BackendPodOverride) bool { return o.ServiceAccountName != "" },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.ServiceAccountName = o.ServiceAccountName },
+		func(ps *corev1.PodSpec) { ps.ServiceAccountName = "" }},
+	{"terminationGracePeriodSeconds",
+		func(o *v1alpha1.BackendPodOverride) bool { return o.TerminationGracePeriodSeconds != nil },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) {
+			ps.TerminationGracePeriodSeconds = o.TerminationGracePeriodSeconds
+		},
+		func(ps *corev1.PodSpec) { ps.TerminationGracePeriodSeconds = nil }},
+	{"tolerations",
+		func(o *v1alpha1.BackendPodOverride) bool { return len(o.Tolerations) > 0 },
+		func(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec) { ps.Tolerations = o.Tolerations },
+		func(ps *corev1.PodSpec) { ps.Tolerations = nil }},
+}
+
+// applyTemplate copies the fields override o sets into ps and clears those
+// the workload's TemplateFieldsAnnotation says it set before and o no
+// longer sets; fields o never set are not touched. It records the fields o
+// sets in the annotation of workload.
+func applyTemplate(o *v1alpha1.BackendPodOverride, ps *corev1.PodSpec, workload *metav1.ObjectMeta) {
+	before := strings.Split(workload.Annotations[TemplateFieldsAnnotation], ",")
+	var now []string
+	for _, f := range templateFields {
+		switch {
+		case o != nil && f.sets(o):
+			f.copy(o, ps)
+			now = append(now, f.name)
+		case slices.Contains(before, f.name):
+			f.clear(ps)
 		}
 	}
+	if len(now) == 0 {
+		delete(workload.Annotations, TemplateFieldsAnnotation)
+		return
+	}
+	if workload.Annotations == nil {
+		workload.Annotations = map[string]string{}
+	}
+	workload.Annotations[TemplateFieldsAnnotation] = strings.Join(now, ",")
 }
 
 // errNotControlled is provision's error for an object of the backend's name
 // that the backend does not control; it is left as it is.
 var errNotControlled = errors.New("not controlled by the CacheBackend")
+
+// errNotAllowed is provision's error for a backend that asks for an image or
+// a ServiceAccount the controller's policy does not allow.
+var errNotAllowed = errors.New("not allowed by the controller's policy")
 
 // provision creates or updates the workload, Service and HPA of a managed
 // backend, each controlled by b, deletes the objects b no longer asks for
@@ -147,6 +264,9 @@ var errNotControlled = errors.New("not controlled by the CacheBackend")
 func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.CacheBackend) (workloadState, error) {
 	var w workloadState
 	key := types.NamespacedName{Namespace: b.Namespace, Name: b.Name}
+	if errs := r.Options.Policy.CacheBackend(b.Namespace, &b.Spec, field.NewPath("spec")); len(errs) > 0 {
+		return w, fmt.Errorf("%w: %s", errNotAllowed, errs.ToAggregate().Error())
+	}
 	owned := func(obj client.Object) error {
 		// An existing object b does not control is someone else's (an
 		// engine Deployment or Service named like the backend): adopting it
@@ -189,7 +309,7 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 			if replicas != nil || sts.Spec.Replicas == nil {
 				sts.Spec.Replicas = replicas
 			}
-			mutatePodTemplate(b, r.image(), &sts.Spec.Template)
+			mutatePodTemplate(b, r.image(), &sts.Spec.Template, &sts.ObjectMeta)
 			return owned(sts)
 		}); err != nil {
 			return w, fmt.Errorf("cannot apply StatefulSet %s: %w", key, err)
@@ -213,7 +333,7 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 			if replicas != nil || dep.Spec.Replicas == nil {
 				dep.Spec.Replicas = replicas
 			}
-			mutatePodTemplate(b, r.image(), &dep.Spec.Template)
+			mutatePodTemplate(b, r.image(), &dep.Spec.Template, &dep.ObjectMeta)
 			return owned(dep)
 		}); err != nil {
 			return w, fmt.Errorf("cannot apply Deployment %s: %w", key, err)
@@ -224,7 +344,20 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 			current:   dep.Status.ObservedGeneration >= dep.Generation,
 			updated:   dep.Status.UpdatedReplicas,
 			available: dep.Status.AvailableReplicas,
+			failed:    rolloutFailure(dep),
 		}
+	}
+
+	// Voluntary disruptions (a node drain) take one server at a time.
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: b.Name}}
+	if _, err := controllerutil.CreateOrUpdate(ctx, r.Client, pdb, func() error {
+		one := intstr.FromInt32(1)
+		pdb.Spec.MaxUnavailable = &one
+		pdb.Spec.MinAvailable = nil
+		pdb.Spec.Selector = &metav1.LabelSelector{MatchLabels: serverSelector(b)}
+		return owned(pdb)
+	}); err != nil {
+		return w, fmt.Errorf("cannot apply PodDisruptionBudget %s: %w", key, err)
 	}
 
 	if b.Spec.Autoscaling == nil {
@@ -256,7 +389,7 @@ func (r *CacheBackendReconciler) provision(ctx context.Context, b *v1alpha1.Cach
 // unprovision deletes every object b controls, for a backend that is not
 // (or no longer) a managed LMCache one.
 func (r *CacheBackendReconciler) unprovision(ctx context.Context, b *v1alpha1.CacheBackend) error {
-	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}, &policyv1.PodDisruptionBudget{}} {
 		if err := r.deleteOwned(ctx, b, obj); err != nil {
 			return err
 		}
@@ -281,6 +414,22 @@ func (r *CacheBackendReconciler) deleteOwned(ctx context.Context, b *v1alpha1.Ca
 		return fmt.Errorf("cannot delete %T %s/%s: %w", obj, b.Namespace, b.Name, err)
 	}
 	return nil
+}
+
+// rolloutFailure describes a rollout the Deployment controller reports as
+// failed: Progressing False with ProgressDeadlineExceeded (the new pods did
+// not become available within progressDeadlineSeconds, e.g. an image that
+// does not pull), or ReplicaFailure True (pods cannot be created, e.g. a
+// quota). Empty when neither.
+func rolloutFailure(d *appsv1.Deployment) string {
+	for _, c := range d.Status.Conditions {
+		switch {
+		case c.Type == appsv1.DeploymentProgressing && c.Status == corev1.ConditionFalse && c.Reason == "ProgressDeadlineExceeded",
+			c.Type == appsv1.DeploymentReplicaFailure && c.Status == corev1.ConditionTrue:
+			return fmt.Sprintf("Deployment %s: %s: %s", c.Type, c.Reason, c.Message)
+		}
+	}
+	return ""
 }
 
 func deref[T any](p *T, def T) T {

@@ -1,6 +1,9 @@
 package controller
 
 import (
+	"errors"
+	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
@@ -184,4 +187,56 @@ func TestClassify(t *testing.T) {
 	f(v1alpha1.BackendNIXL, "", classSelfRun)
 	f(v1alpha1.BackendNIXL, v1alpha1.IntegrationEventsOnly, classEventsOnly)
 	f(v1alpha1.BackendExternal, v1alpha1.IntegrationEventsOnly, classExternal)
+}
+
+// applyTemplate sets what the override sets, clears what it set before and
+// no longer sets, and leaves everything else alone.
+func TestApplyTemplate(t *testing.T) {
+	var wm metav1.ObjectMeta
+	ps := corev1.PodSpec{Tolerations: []corev1.Toleration{{Key: "theirs"}}, SchedulerName: "theirs"}
+	o := &v1alpha1.BackendPodOverride{NodeSelector: map[string]string{"a": "b"}, PriorityClassName: "p"}
+	applyTemplate(o, &ps, &wm)
+	if ps.NodeSelector["a"] != "b" || ps.PriorityClassName != "p" || len(ps.Tolerations) != 1 || wm.Annotations[TemplateFieldsAnnotation] != "nodeSelector,priorityClassName" {
+		t.Fatalf("after set: %+v %v", ps, wm.Annotations)
+	}
+	o.PriorityClassName = ""
+	applyTemplate(o, &ps, &wm)
+	if ps.PriorityClassName != "" || ps.NodeSelector["a"] != "b" || wm.Annotations[TemplateFieldsAnnotation] != "nodeSelector" {
+		t.Fatalf("after dropping one field: %+v %v", ps, wm.Annotations)
+	}
+	ps.PriorityClassName = "someone-else" // set by another writer, not tracked
+	applyTemplate(nil, &ps, &wm)
+	if ps.NodeSelector != nil || ps.PriorityClassName != "someone-else" || len(ps.Tolerations) != 1 || ps.SchedulerName != "theirs" {
+		t.Fatalf("after removing the template: %+v", ps)
+	}
+	if _, ok := wm.Annotations[TemplateFieldsAnnotation]; ok {
+		t.Fatalf("annotation kept: %v", wm.Annotations)
+	}
+}
+
+func TestServerBackoff(t *testing.T) {
+	var s serverBackoff
+	now := time.Unix(1000, 0)
+	if w, _ := s.hold(now); w != 0 {
+		t.Fatalf("hold %v before any failure", w)
+	}
+	err := errors.New("connection refused")
+	for i, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second} {
+		if got := s.failed(now, err, 5*time.Second); got != want {
+			t.Fatalf("failure %d: backoff %v, want %v", i, got, want)
+		}
+	}
+	if w, why := s.hold(now.Add(time.Second)); w != 4*time.Second || why != "connection refused" {
+		t.Fatalf("hold %v %q", w, why)
+	}
+	s.answered()
+	if w, _ := s.hold(now); w != 0 {
+		t.Fatalf("hold %v after an answer", w)
+	}
+	if got := s.failed(now, err, 5*time.Second); got != time.Second {
+		t.Fatalf("backoff after an answer %v, want it to start over", got)
+	}
+	if !transportError(&url.Error{Op: "Post", URL: "http://x", Err: err}) || transportError(fmt.Errorf("cannot probe: 503")) {
+		t.Fatal("transportError misclassifies")
+	}
 }

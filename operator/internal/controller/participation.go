@@ -23,15 +23,17 @@ type PodMeta struct {
 
 // AttributeReplicas groups the snapshot's replicas by the CacheBackend that
 // owns them, keyed by "<namespace>/<name>". A replica is the pod named by its
-// replicaId in the namespace named by its tenant. The owner is the backend
+// replicaId in the namespace named by its tenant (for a rank of a
+// data-parallel engine, replicaId <pod>-dp<r>, the pod <pod>). The owner is the backend
 // the pod's inferencecache.io/injected-by annotation names, when it exists;
 // otherwise its claim.Owner (the first backend by name in the pod's namespace
 // whose non-empty engineSelector.matchLabels the pod's labels include, else
-// the first by namespace and name with allowCrossNamespace; as the pod
-// webhook and the reconciler decide; a pod that opted out of injection has
-// none). Replicas whose pod is unknown, or that no backend claims, are left
-// out.
-func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.CacheBackend, pods map[types.NamespacedName]PodMeta) map[string][]*controlapi.ReplicaSnapshot {
+// the first by namespace and name with allowCrossNamespace whose namespace
+// the pod's consents to, nsAnnotations holding the Namespace annotations by
+// name; as the pod webhook and the reconciler decide; a pod that opted out
+// of injection has none). Replicas whose pod is unknown, or that no backend
+// claims, are left out.
+func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.CacheBackend, pods map[types.NamespacedName]PodMeta, nsAnnotations map[string]map[string]string) map[string][]*controlapi.ReplicaSnapshot {
 	byKey := make(map[string]*v1alpha1.CacheBackend, len(backends))
 	byNS := map[string][]v1alpha1.CacheBackend{} // claim.Claimant scans one namespace
 	var cross []v1alpha1.CacheBackend            // those with allowCrossNamespace
@@ -47,6 +49,10 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 	for i := range snap.Replicas {
 		r := &snap.Replicas[i]
 		pod, ok := pods[types.NamespacedName{Namespace: r.Tenant, Name: r.ReplicaID}]
+		if name, isRank := rankOf(r.ReplicaID); !ok && isRank {
+			// A rank of a data-parallel engine reports <pod>-dp<r>.
+			pod, ok = pods[types.NamespacedName{Namespace: r.Tenant, Name: name}]
+		}
 		if !ok {
 			continue
 		}
@@ -58,7 +64,7 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 		}
 		b := claim.Claimant(byNS[r.Tenant], r.Tenant, pod.Labels, pod.Annotations)
 		if b == nil {
-			b = claim.Owner(cross, r.Tenant, pod.Labels, pod.Annotations)
+			b = claim.Owner(cross, claim.Pod{Namespace: r.Tenant, NamespaceAnnotations: nsAnnotations[r.Tenant], Labels: pod.Labels, Annotations: pod.Annotations})
 		}
 		if b != nil {
 			key := b.Namespace + "/" + b.Name
@@ -66,6 +72,21 @@ func AttributeReplicas(snap *controlapi.CacheSnapshot, backends []v1alpha1.Cache
 		}
 	}
 	return out
+}
+
+// rankOf returns the pod name of a data-parallel rank's replica id,
+// <pod>-dp<r> with r a decimal number; ok is false for any other id.
+func rankOf(replicaID string) (pod string, ok bool) {
+	i := strings.LastIndex(replicaID, "-dp")
+	if i <= 0 || i+3 == len(replicaID) {
+		return "", false
+	}
+	for _, c := range replicaID[i+3:] {
+		if c < '0' || c > '9' {
+			return "", false
+		}
+	}
+	return replicaID[:i], true
 }
 
 // Participation aggregates a backend's replicas: the prefix count, the newest

@@ -16,6 +16,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/claim"
 )
 
 func backend(ns, name string, sel map[string]string) v1alpha1.CacheBackend {
@@ -45,7 +46,7 @@ func TestAttributeReplicas(t *testing.T) {
 		{Tenant: "a", ReplicaID: "p1"}, {Tenant: "a", ReplicaID: "p2"}, {Tenant: "a", ReplicaID: "p3"},
 		{Tenant: "a", ReplicaID: "p4"}, {Tenant: "a", ReplicaID: "no-pod"}, {Tenant: "", ReplicaID: "p1"}, {Tenant: "a", ReplicaID: "p5"},
 	}}
-	got := AttributeReplicas(snap, backends, pods)
+	got := AttributeReplicas(snap, backends, pods, nil)
 	ids := func(key string) (out []string) {
 		for _, r := range got[key] {
 			out = append(out, r.ReplicaID)
@@ -60,6 +61,47 @@ func TestAttributeReplicas(t *testing.T) {
 	}
 	if len(got["a/zz"]) != 0 || len(got["a/empty"]) != 0 || len(got) != 2 {
 		t.Fatalf("unexpected owners %v", got)
+	}
+}
+
+// TestAttributeReplicasCrossNamespace: a backend with allowCrossNamespace
+// is credited with another namespace's replicas only when that namespace
+// consents to it.
+func TestAttributeReplicasCrossNamespace(t *testing.T) {
+	shared := backend("home", "shared", map[string]string{"app": "llama"})
+	shared.Spec.AllowCrossNamespace = true
+	pods := map[types.NamespacedName]PodMeta{
+		{Namespace: "yes", Name: "p"}: {Labels: map[string]string{"app": "llama"}},
+		{Namespace: "no", Name: "p"}:  {Labels: map[string]string{"app": "llama"}},
+	}
+	snap := &controlapi.CacheSnapshot{Replicas: []controlapi.ReplicaSnapshot{{Tenant: "yes", ReplicaID: "p"}, {Tenant: "no", ReplicaID: "p"}}}
+	got := AttributeReplicas(snap, []v1alpha1.CacheBackend{shared}, pods, map[string]map[string]string{
+		"yes": {claim.AllowClaimsFromAnnotation: "home"},
+		"no":  {claim.AllowClaimsFromAnnotation: "elsewhere"},
+	})
+	if g := got["home/shared"]; len(g) != 1 || g[0].Tenant != "yes" {
+		t.Fatalf("home/shared = %v, want the consenting namespace's replica only", g)
+	}
+}
+
+// The ranks of a data-parallel engine report replicas <pod>-dp<r>; they are
+// attributed through their pod.
+func TestAttributeReplicasDataParallel(t *testing.T) {
+	pods := map[types.NamespacedName]PodMeta{
+		{Namespace: "a", Name: "eng"}:     {Labels: map[string]string{"app": "llama"}},
+		{Namespace: "a", Name: "eng-dp9"}: {Labels: map[string]string{"app": "other"}}, // a pod really named so wins
+	}
+	snap := &controlapi.CacheSnapshot{Replicas: []controlapi.ReplicaSnapshot{
+		{Tenant: "a", ReplicaID: "eng-dp0"}, {Tenant: "a", ReplicaID: "eng-dp1"}, {Tenant: "a", ReplicaID: "eng-dp9"},
+		{Tenant: "a", ReplicaID: "eng-dpx"}, {Tenant: "a", ReplicaID: "eng-dp"},
+	}}
+	got := AttributeReplicas(snap, []v1alpha1.CacheBackend{backend("a", "b", map[string]string{"app": "llama"})}, pods, nil)
+	var ids []string
+	for _, r := range got["a/b"] {
+		ids = append(ids, r.ReplicaID)
+	}
+	if len(ids) != 2 || ids[0] != "eng-dp0" || ids[1] != "eng-dp1" {
+		t.Fatalf("a/b = %v, want eng-dp0, eng-dp1", ids)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/go-logr/logr"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -117,7 +118,14 @@ type Options struct {
 	// reconcilers out; CacheBackend tunes them.
 	DisableCacheBackend bool
 	CacheBackend        CacheBackendOptions
+	// CRDPollInterval is how often, while the CacheBackend or PromptTemplate
+	// CRD is not installed, the leader checks whether it is now (default
+	// DefaultCRDPollInterval); the reconcilers start once both are served.
+	CRDPollInterval time.Duration
 }
+
+// DefaultCRDPollInterval is the default Options.CRDPollInterval.
+const DefaultCRDPollInterval = 10 * time.Second
 
 // Setup registers the PolicyPropagator and the SnapshotPoller with mgr.
 //
@@ -192,8 +200,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 
 	if !o.DisableCacheBackend {
-		if !cbServed || !served(&v1alpha1.PromptTemplate{}) {
-			mgr.GetLogger().Info("the CacheBackend or PromptTemplate CRD is not installed; their reconcilers stay off until the next restart")
+		ready := func() bool { return served(&v1alpha1.CacheBackend{}) && served(&v1alpha1.PromptTemplate{}) }
+		if !ready() {
+			mgr.GetLogger().Info("the CacheBackend or PromptTemplate CRD is not installed; their reconcilers start once it is")
+			if err := mgr.Add(&lateSetup{
+				ready:    ready,
+				setup:    func() error { return SetupCacheBackend(mgr, o.Server, o.CacheBackend) },
+				interval: orDefault(o.CRDPollInterval, DefaultCRDPollInterval),
+				log:      mgr.GetLogger(),
+			}); err != nil {
+				return fmt.Errorf("cannot add the CacheBackend CRD watch: %w", err)
+			}
 		} else if err := SetupCacheBackend(mgr, o.Server, o.CacheBackend); err != nil {
 			return err
 		}
@@ -226,6 +243,40 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("cannot set up the cache snapshot controller: %w", err)
 	}
 	return nil
+}
+
+// lateSetup is a manager Runnable (on the leader) that polls ready every
+// interval and, the first time it reports true, runs setup (which adds
+// controllers to the running manager; they start at once) and returns. It
+// is how reconcilers whose CRD is installed after the controller started
+// switch on without a restart.
+type lateSetup struct {
+	ready    func() bool
+	setup    func() error
+	interval time.Duration
+	log      logr.Logger
+}
+
+// Start implements manager.Runnable; it blocks until setup ran or ctx is
+// done. A setup error stops the manager, as it would have at start-up.
+func (l *lateSetup) Start(ctx context.Context) error {
+	t := time.NewTicker(l.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if !l.ready() {
+			continue
+		}
+		if err := l.setup(); err != nil {
+			return err
+		}
+		l.log.Info("the CacheBackend and PromptTemplate CRDs are installed; their reconcilers started")
+		return nil
+	}
 }
 
 // discoveryProbeTimeout bounds Setup's check that the EndpointSlices of the

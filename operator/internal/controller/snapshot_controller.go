@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,6 +30,7 @@ import (
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=list;watch
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 
 // SnapshotPoller reads the routing server's /snapshot and projects it into
 // CacheIndex cluster-default, every CacheTenant's status and every
@@ -66,9 +68,10 @@ type SnapshotPoller struct {
 	Writer  client.Client
 	// Server is the routing server client.
 	Server *ServerClient
-	// Backends lists CacheBackends and Pods lists pod metadata (labels and
-	// annotations, a metadata-only cache) for replica attribution; either nil
-	// skips step 4.
+	// Backends lists CacheBackends and Pods lists pod and Namespace metadata
+	// (labels and annotations, a metadata-only cache; a Namespace's
+	// annotations carry its consent to cross-namespace claims) for replica
+	// attribution; either nil skips step 4.
 	Backends client.Reader
 	Pods     client.Reader
 	// Metrics receives the tier-2 series; nil drives none.
@@ -196,7 +199,24 @@ func (r *SnapshotPoller) writeBackends(ctx context.Context, snap *controlapi.Cac
 		}
 		maps.Copy(pods, podMetaOf(pl.Items))
 	}
-	groups := AttributeReplicas(snap, backends.Items, pods)
+	// Cross-namespace claims need the pod namespace's consent.
+	nsAnn := map[string]map[string]string{}
+	if slices.ContainsFunc(backends.Items, func(b v1alpha1.CacheBackend) bool { return b.Spec.AllowCrossNamespace }) {
+		var nl metav1.PartialObjectMetadataList
+		nl.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NamespaceList"))
+		if err := r.Pods.List(ctx, &nl); err != nil {
+			// Attribution without them could move replicas between
+			// backends; keep every backend's participation as it is.
+			out.fail(fmt.Errorf("cannot list namespaces to attribute replicas: %w", err))
+			return
+		}
+		for i := range nl.Items {
+			if listed[nl.Items[i].Name] {
+				nsAnn[nl.Items[i].Name] = nl.Items[i].Annotations
+			}
+		}
+	}
+	groups := AttributeReplicas(snap, backends.Items, pods, nsAnn)
 	if r.lastQueries == nil {
 		r.lastQueries = map[string]int64{}
 	}

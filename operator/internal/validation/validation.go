@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
@@ -151,6 +152,116 @@ func Endpoint(s string) error {
 	}
 	return nil
 }
+
+// CacheBackendEngineOverrides refuses spec.integration.engineOverrides.env
+// entries whose valueFrom reads a Secret or a ConfigMap. The pod webhook
+// copies these variables into every engine pod the backend claims (with
+// allowCrossNamespace, pods of other namespaces too), and the kubelet
+// resolves them in the pod's namespace: whoever may write a CacheBackend
+// would read those objects through the engines without being granted them.
+// Plain values and references to the pod's own fields or resources are
+// fine.
+func CacheBackendEngineOverrides(spec *v1alpha1.CacheBackendSpec, p *field.Path) field.ErrorList {
+	in := spec.Integration
+	if in == nil || in.EngineOverrides == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	for i, e := range in.EngineOverrides.Env {
+		if kind := EnvReference(e); kind != "" {
+			errs = append(errs, field.Forbidden(p.Child("integration", "engineOverrides", "env").Index(i).Child("valueFrom"), fmt.Sprintf(
+				"variable %s reads a %s; engineOverrides are injected into every engine pod the backend claims, so they may not read Secrets or ConfigMaps: set the variable on the engine's own pod template, or use a plain value",
+				e.Name, kind)))
+		}
+	}
+	return errs
+}
+
+// EnvReference names what an environment variable reads that a CacheBackend
+// may not hand to engine pods: "Secret" or "ConfigMap"; "" for anything
+// else (a value, a field or resource of the pod).
+func EnvReference(e corev1.EnvVar) string {
+	switch f := e.ValueFrom; {
+	case f == nil:
+		return ""
+	case f.SecretKeyRef != nil:
+		return "Secret"
+	case f.ConfigMapKeyRef != nil:
+		return "ConfigMap"
+	}
+	return ""
+}
+
+// BackendPolicy is what the cluster's administrator lets a CacheBackend ask
+// the controller to run: the image of its managed cache server
+// (spec.backendConfig.image) and the ServiceAccount of that server's pods
+// (spec.template.serviceAccountName). Anyone who may write a CacheBackend in
+// a namespace can otherwise run any image under any ServiceAccount of that
+// namespace. An empty list allows anything. The zero value allows anything.
+type BackendPolicy struct {
+	// ImagePrefixes are the allowed image prefixes, e.g.
+	// "ghcr.io/acme/" or "lmcache/vllm-openai:". A prefix that does not end
+	// in '/', ':' or '@' only matches at a boundary: "lmcache/vllm-openai"
+	// allows "lmcache/vllm-openai:v1" but not "lmcache/vllm-openai-evil".
+	ImagePrefixes []string
+	// ServiceAccounts are the allowed ServiceAccount names: "name" allows
+	// that name in any namespace, "namespace/name" in one namespace. An
+	// unset serviceAccountName (the namespace's default) is always allowed.
+	ServiceAccounts []string
+}
+
+// ImageAllowed reports whether image matches an allowed prefix (any image
+// when there are none).
+func (p BackendPolicy) ImageAllowed(image string) bool {
+	if len(p.ImagePrefixes) == 0 {
+		return true
+	}
+	for _, pre := range p.ImagePrefixes {
+		if pre == "" || !strings.HasPrefix(image, pre) {
+			continue
+		}
+		if image == pre || strings.ContainsAny(pre[len(pre)-1:], "/:@") || strings.ContainsAny(image[len(pre):len(pre)+1], "/:@") {
+			return true
+		}
+	}
+	return false
+}
+
+// ServiceAccountAllowed reports whether the ServiceAccount sa of namespace
+// ns may run the managed server (always for an empty sa).
+func (p BackendPolicy) ServiceAccountAllowed(ns, sa string) bool {
+	if sa == "" || len(p.ServiceAccounts) == 0 {
+		return true
+	}
+	for _, a := range p.ServiceAccounts {
+		if a == sa || a == ns+"/"+sa {
+			return true
+		}
+	}
+	return false
+}
+
+// CacheBackend returns the fields of a CacheBackend of namespace ns that
+// p does not allow: spec.backendConfig.image and
+// spec.template.serviceAccountName.
+func (p BackendPolicy) CacheBackend(ns string, spec *v1alpha1.CacheBackendSpec, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if img := spec.BackendConfig[BackendConfigImage]; img != "" && !p.ImageAllowed(img) {
+		errs = append(errs, field.Forbidden(path.Child("backendConfig").Key(BackendConfigImage), fmt.Sprintf(
+			"image %q is not allowed for cache servers here; allowed prefixes (controller flag --allowed-backend-images): %s; remove the key to run the controller's default image",
+			img, strings.Join(p.ImagePrefixes, ", "))))
+	}
+	if t := spec.Template; t != nil && !p.ServiceAccountAllowed(ns, t.ServiceAccountName) {
+		errs = append(errs, field.Forbidden(path.Child("template", "serviceAccountName"), fmt.Sprintf(
+			"ServiceAccount %q is not allowed for cache servers here; allowed (controller flag --allowed-service-accounts): %s; remove it to run as the namespace's default",
+			t.ServiceAccountName, strings.Join(p.ServiceAccounts, ", "))))
+	}
+	return errs
+}
+
+// BackendConfigImage is the spec.backendConfig key of the managed cache
+// server's image.
+const BackendConfigImage = "image"
 
 // PDTopologySpec checks that every pool's acceleratorType (when set) names
 // an entry of spec.acceleratorTypes. An empty acceleratorType is allowed: the

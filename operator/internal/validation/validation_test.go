@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -195,5 +196,70 @@ func TestPDTopologySpec(t *testing.T) {
 	errs := PDTopologySpec(&v1alpha1.PDTopologySpec{AcceleratorTypes: acc, PrefillPools: []v1alpha1.PDPool{pool("p", "b200")}}, field.NewPath("spec"))
 	if len(errs) != 1 || errs[0].Type != field.ErrorTypeNotSupported || !strings.Contains(errs[0].Error(), `"b200"`) || !strings.Contains(errs[0].Error(), "h100, a10") {
 		t.Errorf("message: %v", errs)
+	}
+}
+
+func TestBackendPolicyImage(t *testing.T) {
+	p := BackendPolicy{ImagePrefixes: []string{"ghcr.io/acme/", "lmcache/vllm-openai", "docker.io/lib:"}}
+	f := func(image string, want bool) {
+		t.Helper()
+		if got := p.ImageAllowed(image); got != want {
+			t.Errorf("ImageAllowed(%q) = %t, want %t", image, got, want)
+		}
+	}
+	f("ghcr.io/acme/cache:1", true)
+	f("ghcr.io/acme-evil/cache:1", false)
+	f("lmcache/vllm-openai", true)
+	f("lmcache/vllm-openai:v0.3.15", true)
+	f("lmcache/vllm-openai@sha256:00", true)
+	f("lmcache/vllm-openai-evil:1", false) // a prefix without a separator ends at a boundary
+	f("docker.io/lib:x", true)
+	f("evil.io/ghcr.io/acme/x", false)
+	f("", false)
+	if !(BackendPolicy{}).ImageAllowed("anything:at-all") {
+		t.Error("the zero policy refuses an image")
+	}
+}
+
+func TestBackendPolicyServiceAccount(t *testing.T) {
+	p := BackendPolicy{ServiceAccounts: []string{"cache-runner", "team-a/special"}}
+	f := func(ns, sa string, want bool) {
+		t.Helper()
+		if got := p.ServiceAccountAllowed(ns, sa); got != want {
+			t.Errorf("ServiceAccountAllowed(%q, %q) = %t, want %t", ns, sa, got, want)
+		}
+	}
+	f("x", "cache-runner", true)
+	f("team-a", "special", true)
+	f("team-b", "special", false)
+	f("x", "admin", false)
+	f("x", "", true) // the namespace's default
+	if !(BackendPolicy{}).ServiceAccountAllowed("x", "admin") {
+		t.Error("the zero policy refuses a ServiceAccount")
+	}
+	spec := &v1alpha1.CacheBackendSpec{BackendConfig: map[string]string{"image": "evil:1"}, Template: &v1alpha1.BackendPodOverride{ServiceAccountName: "admin"}}
+	errs := BackendPolicy{ImagePrefixes: []string{"ok/"}, ServiceAccounts: []string{"runner"}}.CacheBackend("ns", spec, field.NewPath("spec"))
+	if len(errs) != 2 || errs[0].Field != "spec.backendConfig[image]" || errs[1].Field != "spec.template.serviceAccountName" ||
+		!strings.Contains(errs[0].Error(), "--allowed-backend-images") || !strings.Contains(errs[1].Error(), "--allowed-service-accounts") {
+		t.Errorf("errors %v", errs)
+	}
+}
+
+func TestCacheBackendEngineOverrides(t *testing.T) {
+	env := []corev1.EnvVar{
+		{Name: "A", Value: "1"},
+		{Name: "S", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{Key: "k"}}},
+		{Name: "F", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "R", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory"}}},
+		{Name: "C", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{Key: "k"}}},
+	}
+	spec := &v1alpha1.CacheBackendSpec{Integration: &v1alpha1.CacheBackendIntegration{EngineOverrides: &v1alpha1.EngineOverrides{Env: env}}}
+	errs := CacheBackendEngineOverrides(spec, field.NewPath("spec"))
+	if len(errs) != 2 || errs[0].Field != "spec.integration.engineOverrides.env[1].valueFrom" || errs[1].Field != "spec.integration.engineOverrides.env[4].valueFrom" ||
+		!strings.Contains(errs[0].Error(), "Secret") || !strings.Contains(errs[1].Error(), "ConfigMap") {
+		t.Errorf("errors %v", errs)
+	}
+	if CacheBackendEngineOverrides(&v1alpha1.CacheBackendSpec{}, field.NewPath("spec")) != nil {
+		t.Error("no overrides refused")
 	}
 }

@@ -5,8 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -18,9 +24,10 @@ import (
 // The pod webhook fails open (failurePolicy Ignore, short timeout): an engine
 // pod that misses its injection still serves, only without cache routing.
 // The objectSelector skips pods labelled inferencecache.io/inject=false and
-// the namespaceSelector (kustomize patch in operator/config/webhook) skips
-// kube-system, kube-node-lease, kube-public and the controller's own
-// namespace, so the apiserver never waits on this webhook for them.
+// the namespaceSelector (kustomize patch in operator/config/webhook) admits
+// only namespaces labelled LabelInjection=enabled, never kube-system,
+// kube-node-lease, kube-public or the controller's own namespace, so the
+// apiserver does not wait on this webhook for any other pod.
 // +kubebuilder:webhook:path=/mutate--v1-pod,mutating=true,failurePolicy=ignore,sideEffects=None,groups="",resources=pods,verbs=create,versions=v1,name=mpod.inferencecache.io,admissionReviewVersions=v1,timeoutSeconds=5,reinvocationPolicy=Never
 
 // Pod annotations and labels of the injection.
@@ -32,9 +39,21 @@ const (
 	// LabelInject set to "false" (as a label, or as an annotation) opts a
 	// pod out. As a label the apiserver does not even call the webhook.
 	LabelInject = claim.InjectKey
+	// LabelInjection set to "enabled" on a Namespace opts its pods in: the
+	// shipped webhook configuration's namespaceSelector requires it.
+	LabelInjection = "inferencecache.io/injection"
 	// AnnotationEngineContainer names the engine container; default: the
 	// first container.
 	AnnotationEngineContainer = "inferencecache.io/engine-container"
+	// AnnotationDataParallelSize is the number of data-parallel ranks the
+	// engine runs in the pod (vLLM/SGLang --data-parallel-size); without
+	// it the engine container's own --data-parallel-size (-dp, --dp-size)
+	// is read. With R > 1 ranks the sidecar follows each rank as a replica
+	// of its own (--data-parallel-size).
+	AnnotationDataParallelSize = "inferencecache.io/data-parallel-size"
+	// maxDataParallelRanks bounds the ranks wired in one pod (ports
+	// 5557..5557+2R-1, and the sidecar's resources, which grow with R).
+	maxDataParallelRanks = 64
 	// SubscriberContainer is the name of the injected sidecar.
 	SubscriberContainer = "kvevent-subscriber"
 	// subscriberStateVolume is the emptyDir holding the sidecar's state
@@ -44,14 +63,20 @@ const (
 	// BackendConfigModel is the spec.backendConfig key of the model id the
 	// sidecar reports (contract §7.1, seed era); unset: no sidecar.
 	BackendConfigModel = "model"
+	// subscriberUser is the sidecar's user and group: the images' nonroot
+	// user (hack/images).
+	subscriberUser = 65532
+	// ReasonInjectionIncomplete is the reason of the Warning Event on a
+	// CacheBackend when the webhook could not wire a pod it claims fully.
+	ReasonInjectionIncomplete = "InjectionIncomplete"
 )
 
-// Engine endpoints inside the pod (contract §7.1/§7.2): the engine publishes
-// KV events on every interface at 5557 (replay 5558), the sidecar dials them
-// on loopback.
+// Engine endpoints inside the pod (contract §7.1/§7.2), all on loopback:
+// the sidecar binds 5557 and the engine's KV-event publisher connects to it;
+// the engine serves replays at 5558 (ranks: see kvEventsConfig).
 const (
-	kvEventsPort    = "5557"
-	kvReplayPort    = "5558"
+	loopback        = "127.0.0.1"
+	kvEventsPort    = 5557
 	kvEventsTopic   = "kv-events"
 	vllmMetricsURL  = "http://127.0.0.1:8000/metrics"
 	sglangMetricURL = "http://127.0.0.1:30000/metrics"
@@ -65,6 +90,11 @@ type PodInjectorOptions struct {
 	// ServerAddress is the routing server's gRPC address the sidecar
 	// reports to, e.g. inferencecache-server.inferencecache-system.svc:9090.
 	ServerAddress string
+	// NATSURL, when set, is the NATS JetStream server the sidecar publishes
+	// to instead (its --nats-url; docs/scaleout.md): every routing server
+	// consumes the stream, so each builds the same index. ServerAddress is
+	// then not passed.
+	NATSURL string
 }
 
 // PodInjector is the mutating admission handler of Pods. For a pod matched by
@@ -77,6 +107,65 @@ type PodInjector struct {
 	Reader  client.Reader
 	Decoder admission.Decoder
 	Options PodInjectorOptions
+	// Recorder receives a Warning Event (ReasonInjectionIncomplete) on the
+	// claiming CacheBackend for what could not be wired, besides the
+	// admission warning (which only the pod's creator sees, and a
+	// Deployment's ReplicaSet controller discards); nil emits none.
+	Recorder events.EventRecorder
+
+	// announced rate-limits those Events: at most one per backend and
+	// warning per eventInterval, so a large rollout does not flood the API.
+	announced rateLimit
+}
+
+// eventInterval is the least time between two Events of one backend with
+// the same warning.
+const eventInterval = time.Minute
+
+// rateLimit remembers when a key last passed.
+type rateLimit struct {
+	mu   sync.Mutex // guards last
+	last map[string]time.Time
+}
+
+// allow reports whether key may pass at now, and records it if so. Keys
+// older than the interval are dropped on the way, so the map stays as small
+// as the set of recent keys.
+func (l *rateLimit) allow(key string, now time.Time, every time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t, ok := l.last[key]; ok && now.Sub(t) < every {
+		return false
+	}
+	if l.last == nil {
+		l.last = map[string]time.Time{}
+	}
+	for k, t := range l.last {
+		if now.Sub(t) >= every {
+			delete(l.last, k)
+		}
+	}
+	l.last[key] = now
+	return true
+}
+
+// announce emits a Warning Event on cb for each warning about pod.
+func (p *PodInjector) announce(cb *v1alpha1.CacheBackend, pod *corev1.Pod, ns string, warnings []string) {
+	if p.Recorder == nil {
+		return
+	}
+	name := pod.Name
+	if name == "" {
+		name = pod.GenerateName + "<generated>"
+	}
+	now := time.Now()
+	for _, w := range warnings {
+		if !p.announced.allow(cb.Namespace+"/"+cb.Name+"\x00"+w, now, eventInterval) {
+			continue
+		}
+		p.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, ReasonInjectionIncomplete, "Inject",
+			"pod %s/%s: %s (further pods with the same problem are not reported for %s)", ns, name, strings.TrimPrefix(w, "inferencecache: "), eventInterval)
+	}
 }
 
 var _ admission.Handler = (*PodInjector)(nil)
@@ -102,6 +191,7 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 		return admission.Allowed("")
 	}
 	warnings, changed := Inject(&pod, cb, p.Options)
+	p.announce(cb, &pod, ns, warnings)
 	if !changed {
 		return admission.Allowed("").WithWarnings(warnings...)
 	}
@@ -124,8 +214,10 @@ func skip(pod *corev1.Pod) bool {
 // backendFor returns the CacheBackend claiming a pod of namespace ns with
 // labels and annotations, claim.Owner: the first of ns by name whose non-empty
 // engineSelector.matchLabels the labels contain, else the first by
-// (namespace, name) elsewhere that sets allowCrossNamespace; nil when none
-// does. ns's backends are listed first, all only when none of them claims.
+// (namespace, name) elsewhere that sets allowCrossNamespace and that ns
+// consents to (claim.AllowClaimsFromAnnotation); nil when none does. ns's
+// backends are listed first, all only when none of them claims, and the
+// Namespace is read only when a backend of another namespace could claim.
 func (p *PodInjector) backendFor(ctx context.Context, ns string, labels, annotations map[string]string) (*v1alpha1.CacheBackend, error) {
 	if p.Reader == nil {
 		return nil, ErrNoReader
@@ -141,5 +233,15 @@ func (p *PodInjector) backendFor(ctx context.Context, ns string, labels, annotat
 	if err := p.Reader.List(ctx, &all); err != nil {
 		return nil, fmt.Errorf("cannot list CacheBackends: %w", err)
 	}
-	return claim.Owner(all.Items, ns, labels, annotations), nil
+	if !slices.ContainsFunc(all.Items, func(b v1alpha1.CacheBackend) bool {
+		return b.Namespace != ns && b.Spec.AllowCrossNamespace && claim.Selects(b.Spec.EngineSelector, labels)
+	}) {
+		return nil, nil
+	}
+	nsMeta := &metav1.PartialObjectMetadata{}
+	nsMeta.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	if err := p.Reader.Get(ctx, client.ObjectKey{Name: ns}, nsMeta); err != nil {
+		return nil, fmt.Errorf("cannot read namespace %q for its consent to cross-namespace claims: %w", ns, err)
+	}
+	return claim.Owner(all.Items, claim.Pod{Namespace: ns, NamespaceAnnotations: nsMeta.Annotations, Labels: labels, Annotations: annotations}), nil
 }

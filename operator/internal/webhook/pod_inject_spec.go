@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
 // Inject mutates pod for backend cb and reports warnings for what it could
@@ -37,9 +40,11 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 		return []string{fmt.Sprintf("inferencecache: the pod has no container named %q (annotation %s); not injected",
 			pod.Annotations[AnnotationEngineContainer], AnnotationEngineContainer)}, false
 	}
-	args, env, w := EngineArgs(cb)
-	warnings = append(warnings, w...)
 	c := &pod.Spec.Containers[idx]
+	ranks, w := dataParallelSize(pod, c)
+	warnings = append(warnings, w...)
+	args, env, w := engineArgs(cb, ranks)
+	warnings = append(warnings, w...)
 	for _, a := range args {
 		if !hasFlag(c, flagName(a)) {
 			c.Args = append(c.Args, a)
@@ -51,20 +56,25 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 		}
 	}
 	if pod.Spec.HostNetwork || in.EngineHostNetwork {
-		warnings = append(warnings, fmt.Sprintf("inferencecache: host-network engine pods share the node's ports; two on one node collide on the KV-event port %s", kvEventsPort))
+		warnings = append(warnings, fmt.Sprintf("inferencecache: host-network engine pods share the node's ports; two on one node collide on the KV-event port %d", kvEventsPort))
 	}
 
 	model := cb.Spec.BackendConfig[BackendConfigModel]
+	events, eventsErr := engineEvents(c)
 	switch {
 	case o.SubscriberImage == "":
 		warnings = append(warnings, "inferencecache: the controller runs without --kvevent-subscriber-image; no kvevent-subscriber sidecar was injected")
 	case model == "":
 		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s has no spec.backendConfig.%s; no kvevent-subscriber sidecar was injected",
 			cb.Namespace, cb.Name, BackendConfigModel))
-	case slices.ContainsFunc(pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == SubscriberContainer }):
+	case slices.ContainsFunc(pod.Spec.Containers, func(c corev1.Container) bool { return strings.HasPrefix(c.Name, SubscriberContainer) }):
 		// The pod brings its own subscriber.
+	case ranks > maxDataParallelRanks:
+		warnings = append(warnings, fmt.Sprintf("inferencecache: the engine runs %d data-parallel ranks, more than the %d the webhook wires; no kvevent-subscriber sidecar was injected", ranks, maxDataParallelRanks))
+	case eventsErr != nil:
+		warnings = append(warnings, fmt.Sprintf("inferencecache: %v; no kvevent-subscriber sidecar was injected", eventsErr))
 	default:
-		pod.Spec.Containers = append(pod.Spec.Containers, subscriber(in, model, o))
+		pod.Spec.Containers = append(pod.Spec.Containers, subscriber(in, model, o, ranks, events))
 		if !slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == subscriberStateVolume }) {
 			pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: subscriberStateVolume,
 				VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptrTo(resource.MustParse("64Mi"))}}})
@@ -90,29 +100,88 @@ func integrationOf(cb *v1alpha1.CacheBackend) v1alpha1.CacheBackendIntegration {
 	return in
 }
 
-// KVEventsConfig is the engine's --kv-events-config value: a ZMQ publisher
-// on every interface (the sidecar dials loopback) with replay, topic
-// kv-events (contract §7.2). vLLM and SGLang take the same JSON.
-func KVEventsConfig() string {
+// KVEventsConfig is the engine's --kv-events-config value for one rank; see
+// kvEventsConfig.
+func KVEventsConfig() string { return kvEventsConfig(1) }
+
+// kvEventsConfig is the engine's --kv-events-config value for ranks
+// data-parallel ranks (contract §7.2), topic kv-events; vLLM and SGLang
+// take the same JSON, and both place rank r at the configured ports + r.
+//
+// Everything stays on loopback, inside the pod. The replay ROUTER, which
+// hands any client the engine's recent history, the engines always bind.
+// The PUB socket they bind only for an endpoint with a wildcard ("*" or
+// "::"; also ipc/inproc) and connect otherwise: tcp://127.0.0.1:5557 makes
+// the engine connect, and the sidecar binds that address
+// (--engine-endpoint-mode=bind), so the live events never reach the pod
+// network either. Publishers 5557..5557+R-1, replays after the last rank,
+// 5557+R..5557+2R-1 (5557 and 5558 for one rank), so no replay port is
+// another rank's publisher port.
+func kvEventsConfig(ranks int) string {
 	b, _ := json.Marshal(struct {
 		Enable         bool   `json:"enable_kv_cache_events"`
 		Publisher      string `json:"publisher"`
 		Endpoint       string `json:"endpoint"`
 		ReplayEndpoint string `json:"replay_endpoint"`
 		Topic          string `json:"topic"`
-	}{true, "zmq", "tcp://*:" + kvEventsPort, "tcp://*:" + kvReplayPort, kvEventsTopic})
+	}{true, "zmq", loopbackTCP(kvEventsPort), replayEndpoint(ranks), kvEventsTopic})
 	return string(b)
+}
+
+// replayEndpoint is rank 0's replay endpoint for ranks data-parallel ranks:
+// the port after the last rank's publisher.
+func replayEndpoint(ranks int) string { return loopbackTCP(kvEventsPort + ranks) }
+
+func loopbackTCP(port int) string { return "tcp://" + loopback + ":" + strconv.Itoa(port) }
+
+// dataParallelSize is how many data-parallel ranks the engine container c
+// of pod runs: AnnotationDataParallelSize, else the container's
+// --data-parallel-size (also -dp, --dp-size, as name=value or name value),
+// else 1. A value that is not a positive integer counts as 1, with a
+// warning.
+func dataParallelSize(pod *corev1.Pod, c *corev1.Container) (int, []string) {
+	parse := func(v, from string) (int, []string) {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 1 {
+			return 1, []string{fmt.Sprintf("inferencecache: %s %q is not a positive number of data-parallel ranks; wired as one rank", from, v)}
+		}
+		return n, nil
+	}
+	if v, ok := pod.Annotations[AnnotationDataParallelSize]; ok {
+		return parse(v, "annotation "+AnnotationDataParallelSize)
+	}
+	argv := slices.Concat(c.Command, c.Args)
+	for i, a := range argv {
+		name, value, inline := strings.Cut(a, "=")
+		if name != "--data-parallel-size" && name != "-dp" && name != "--dp-size" {
+			continue
+		}
+		if !inline {
+			if i+1 >= len(argv) {
+				return 1, nil
+			}
+			value = argv[i+1]
+		}
+		return parse(value, "engine argument "+name)
+	}
+	return 1, nil
 }
 
 // EngineArgs returns the args (as --flag=value) and env the engine container
 // of a pod claimed by cb receives: the defaults for spec.integration, amended
 // by spec.integration.engineOverrides (an override arg replaces a default of
-// the same flag, an override env var one of the same name) and then stripped
+// the same flag, an override env var one of the same name; a variable that
+// reads a Secret or ConfigMap is dropped with a warning) and then stripped
 // of suppressArgs (by flag name) and suppressEnv (by name). Warnings say what
 // could not be wired.
 func EngineArgs(cb *v1alpha1.CacheBackend) (args []string, env []corev1.EnvVar, warnings []string) {
+	return engineArgs(cb, 1)
+}
+
+// engineArgs is EngineArgs for an engine of ranks data-parallel ranks.
+func engineArgs(cb *v1alpha1.CacheBackend, ranks int) (args []string, env []corev1.EnvVar, warnings []string) {
 	in := integrationOf(cb)
-	args = []string{"--kv-events-config=" + KVEventsConfig()}
+	args = []string{"--kv-events-config=" + kvEventsConfig(ranks)}
 	if in.Mode == v1alpha1.IntegrationOffload {
 		var a []string
 		var e []corev1.EnvVar
@@ -129,6 +198,13 @@ func EngineArgs(cb *v1alpha1.CacheBackend) (args []string, env []corev1.EnvVar, 
 			}
 		}
 		for _, e := range ov.Env {
+			if kind := validation.EnvReference(e); kind != "" {
+				// Refused at admission since; an object admitted before is
+				// not obeyed here either.
+				warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s: engineOverrides variable %s reads a %s; not injected (engineOverrides may not read Secrets or ConfigMaps)",
+					cb.Namespace, cb.Name, e.Name, kind))
+				continue
+			}
 			if i := slices.IndexFunc(env, func(x corev1.EnvVar) bool { return x.Name == e.Name }); i >= 0 {
 				env[i] = e
 			} else {
@@ -191,12 +267,15 @@ func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegratio
 	}{"LMCacheConnectorV1", cmp.Or(role, "kv_both")})
 	args = []string{"--kv-transfer-config=" + string(b)}
 	env = []corev1.EnvVar{{Name: "LMCACHE_LOCAL_CPU", Value: "False"}}
-	ep := cb.Status.Endpoint
+	// A managed backend's address is its Service's, fixed by its name: a pod
+	// admitted before the controller first reconciled the backend gets it
+	// too. An External backend's is its spec.endpoint.
+	ep := controller.ManagedEndpoint(cb)
 	if cb.Spec.Type == v1alpha1.BackendExternal {
 		ep = cb.Spec.Endpoint
 	}
 	if ep == "" {
-		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s has no endpoint yet (status.endpoint); LMCACHE_REMOTE_URL was not set, recreate the pod once the backend is ready",
+		warnings = append(warnings, fmt.Sprintf("inferencecache: CacheBackend %s/%s of type External has no spec.endpoint; LMCACHE_REMOTE_URL was not set, recreate the pod once the backend has one",
 			cb.Namespace, cb.Name))
 		return args, env, warnings
 	}
@@ -208,32 +287,58 @@ func offloadWiring(cb *v1alpha1.CacheBackend, in v1alpha1.CacheBackendIntegratio
 }
 
 // subscriber is the kvevent-subscriber sidecar (contract §7.1): replica id
-// and tenant id from the downward API, the engine's publisher and replay on
-// loopback, evicted blocks re-reported at T2 when an offload tier exists.
-func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjectorOptions) corev1.Container {
+// and tenant id from the downward API, the engine's KV events as ev says
+// (with the webhook's own config: the publisher bound by the sidecar on
+// loopback, the engine connecting to it, and the replay on loopback),
+// evicted blocks re-reported at T2 when an offload tier exists.
+// One sidecar follows every data-parallel rank of the engine
+// (--data-parallel-size R): rank r on the ports + r, reported as replica
+// $(POD_NAME)-dp<r> (with one rank $(POD_NAME); the endpoint picker's
+// rule), with its own state file (<state-file>.dp<r>) and its rank's series
+// of the engine's /metrics, on one metrics listener whose series carry a
+// dp_rank label. Its resources grow with R.
+func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjectorOptions, ranks int, ev eventsWiring) corev1.Container {
 	metrics := vllmMetricsURL
 	if in.Engine == "sglang" {
 		metrics = sglangMetricURL
+	}
+	mode := "connect"
+	if ev.bind {
+		mode = "bind"
 	}
 	args := []string{
 		"--replica-id=$(POD_NAME)",
 		"--tenant-id=$(POD_NAMESPACE)",
 		"--model-id=" + model,
 		"--hash-scheme=" + in.Engine,
-		"--engine-endpoint=tcp://127.0.0.1:" + kvEventsPort,
-		"--engine-replay-endpoint=tcp://127.0.0.1:" + kvReplayPort,
-		"--topic=" + kvEventsTopic,
-		"--engine-metrics-url=" + metrics,
-		fmt.Sprintf("--ignore-block-removed=%t", in.Mode == v1alpha1.IntegrationOffload),
-		"--state-file=" + subscriberStateDir + "/state",
+		"--engine-endpoint=" + ev.endpoint,
+		"--engine-endpoint-mode=" + mode,
 	}
-	if o.ServerAddress != "" {
+	if ev.replay != "" {
+		args = append(args, "--engine-replay-endpoint="+ev.replay)
+	}
+	args = append(args,
+		"--topic="+ev.topic,
+		"--engine-metrics-url="+metrics,
+		fmt.Sprintf("--ignore-block-removed=%t", in.Mode == v1alpha1.IntegrationOffload),
+		"--state-file="+subscriberStateDir+"/state",
+	)
+	if ranks > 1 {
+		args = append(args, fmt.Sprintf("--data-parallel-size=%d", ranks))
+	}
+	switch {
+	case o.NATSURL != "":
+		args = append(args, "--nats-url="+o.NATSURL)
+	case o.ServerAddress != "":
 		args = append(args, "--server-address="+o.ServerAddress)
 	}
 	field := func(path string) *corev1.EnvVarSource {
 		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}
 	}
 	no, yes := false, true
+	uid := int64(subscriberUser)
+	// Per rank followed: 50m CPU and 64Mi requested, 256Mi at most.
+	n := int64(ranks)
 	return corev1.Container{
 		Name:  SubscriberContainer,
 		Image: o.SubscriberImage,
@@ -243,15 +348,22 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 			{Name: "POD_NAMESPACE", ValueFrom: field("metadata.namespace")},
 		},
 		Resources: corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
-			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+			Requests: corev1.ResourceList{corev1.ResourceCPU: *resource.NewMilliQuantity(50*n, resource.DecimalSI),
+				corev1.ResourceMemory: *resource.NewQuantity(n*64<<20, resource.BinarySI)},
+			Limits: corev1.ResourceList{corev1.ResourceMemory: *resource.NewQuantity(n*256<<20, resource.BinarySI)},
 		},
 		VolumeMounts: []corev1.VolumeMount{{Name: subscriberStateVolume, MountPath: subscriberStateDir}},
+		// The restricted profile, and the images' nonroot user set
+		// explicitly: the engine pod's own securityContext (often root, for
+		// GPU drivers) must not carry over to the sidecar.
 		SecurityContext: &corev1.SecurityContext{
+			RunAsUser:                &uid,
+			RunAsGroup:               &uid,
+			RunAsNonRoot:             &yes,
 			AllowPrivilegeEscalation: &no,
 			ReadOnlyRootFilesystem:   &yes,
-			RunAsNonRoot:             &yes,
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 	}
 }

@@ -28,15 +28,23 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
 
 // ErrNoReader is returned (and the request refused) when a validator that
 // must list sibling objects has no reader.
 var ErrNoReader = errors.New("webhook: no API reader configured; refusing admission (fail closed)")
 
+// Options configures the validating webhooks.
+type Options struct {
+	// BackendPolicy is what CacheBackends may ask the controller to run
+	// (images, ServiceAccounts); the zero value allows anything.
+	BackendPolicy validation.BackendPolicy
+}
+
 // Setup registers the four validating webhooks with mgr's webhook server.
 // reader lists sibling objects; pass mgr.GetAPIReader() for live reads.
-func Setup(mgr ctrl.Manager, reader client.Reader) error {
+func Setup(mgr ctrl.Manager, reader client.Reader, o Options) error {
 	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.CachePolicy{}).
 		WithValidator(&CachePolicyValidator{Reader: reader}).Complete(); err != nil {
 		return err
@@ -46,7 +54,7 @@ func Setup(mgr ctrl.Manager, reader client.Reader) error {
 		return err
 	}
 	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.CacheBackend{}).
-		WithValidator(&CacheBackendValidator{}).Complete(); err != nil {
+		WithValidator(&CacheBackendValidator{Policy: o.BackendPolicy}).Complete(); err != nil {
 		return err
 	}
 	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.PDTopology{}).
@@ -63,6 +71,7 @@ const PodInjectionPath = "/mutate--v1-pod"
 func SetupPodInjection(mgr ctrl.Manager, reader client.Reader, o PodInjectorOptions) {
 	mgr.GetWebhookServer().Register(PodInjectionPath, &webhook.Admission{Handler: &PodInjector{
 		Reader: reader, Decoder: admission.NewDecoder(mgr.GetScheme()), Options: o,
+		Recorder: mgr.GetEventRecorder("inferencecache-pod-webhook"),
 	}})
 }
 

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"errors"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,9 @@ func newClient(t *testing.T, failList bool, objs ...client.Object) client.Client
 	t.Helper()
 	s := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := clientgoscheme.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
 	b := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...)

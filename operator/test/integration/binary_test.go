@@ -226,4 +226,11 @@ func TestControllerBinary(t *testing.T) {
 	if out := logs.String(); strings.Contains(out, "forbidden") {
 		t.Fatalf("a request of the controller was forbidden by its RBAC:\n%s", out)
 	}
+	// It gave the Lease up on the way out, so the next replica leads at once
+	// instead of after the lease duration.
+	var lease coordinationv1.Lease
+	wantOK(t, "get lease", k8s.Get(ctx, client.ObjectKey{Namespace: controllerNS, Name: "binary-test.inferencecache.io"}, &lease))
+	if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
+		t.Fatalf("the stopped controller still holds the leader Lease (holder %q)", *h)
+	}
 }

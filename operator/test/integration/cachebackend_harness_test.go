@@ -105,7 +105,9 @@ type probeServer struct {
 	// answer until the client gives up (or the test ends); hung counts them.
 	hang atomic.Pointer[string]
 	hung atomic.Int64
-	http *http.Server
+	// hangAll makes every /probe hang like hang does (counted in hung).
+	hangAll atomic.Bool
+	http    *http.Server
 }
 
 func startProbeServer(t *testing.T) *probeServer {
@@ -137,6 +139,14 @@ func startProbeServer(t *testing.T) *probeServer {
 			ps.calls.Add(1)
 			if ps.refuse.Load() {
 				http.Error(w, "server draining", http.StatusServiceUnavailable)
+				return
+			}
+			if ps.hangAll.Load() {
+				ps.hung.Add(1)
+				select {
+				case <-r.Context().Done():
+				case <-stop:
+				}
 				return
 			}
 			if hang := ps.hang.Load(); hang != nil {
@@ -211,11 +221,13 @@ func startBackendControllerWith(t *testing.T, resync time.Duration, tune func(*c
 	for _, ns := range namespaces {
 		cached[ns] = cache.Config{}
 	}
+	cacheOpts := controller.CacheOptions() // as cmd/controller runs it
+	cacheOpts.DefaultNamespaces = cached
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: cached},
+		Cache:                  cacheOpts,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -863,16 +863,26 @@ func TestCacheBackendCrossNamespaceClaims(t *testing.T) {
 	pod := enginePod(t, ctx, other, "x-0", labels, map[string]string{controller.InjectedByAnnotation: home + "/shared"})
 	engineDeployment(t, ctx, other, "xllama", labels, nil)
 	wantOK(t, "backend", k8s.Create(ctx, cbObj(home, "shared", "xllama", func(b *v1alpha1.CacheBackend) { b.Spec.AllowCrossNamespace = true })))
-	eventually(t, 10*time.Second, func() error {
-		b, err := getBackend(ctx, home, "shared")
-		if err != nil {
-			return err
-		}
-		if m := b.Status.MatchedEnginePods; m == nil || *m != 1 || b.Status.EngineSelectorMessage != "1 pod(s) match app=xllama" {
-			return fmt.Errorf("matchedEnginePods %v, engineSelectorMessage %q", m, b.Status.EngineSelectorMessage)
-		}
-		return nil
-	})
+	matched := func(want int32, msg string) {
+		t.Helper()
+		eventually(t, 10*time.Second, func() error {
+			b, err := getBackend(ctx, home, "shared")
+			if err != nil {
+				return err
+			}
+			if m := b.Status.MatchedEnginePods; m == nil || *m != want || !strings.Contains(b.Status.EngineSelectorMessage, msg) {
+				return fmt.Errorf("matchedEnginePods %v, engineSelectorMessage %q; want %d, %q", m, b.Status.EngineSelectorMessage, want, msg)
+			}
+			return nil
+		})
+	}
+	// Until the other namespace consents, its pods are not the backend's.
+	matched(0, "")
+	var n corev1.Namespace
+	wantOK(t, "get namespace", k8s.Get(ctx, client.ObjectKey{Name: other}, &n))
+	n.Annotations = map[string]string{"inferencecache.io/allow-claims-from": home}
+	wantOK(t, "consent", k8s.Update(ctx, &n))
+	matched(1, "1 pod(s) match app=xllama")
 
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
 		Name: "engine", Image: "vllm", RestartCount: 4,

@@ -224,6 +224,9 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		"ClusterRole inferencecache.io/cachebackends[]":        {"list", "watch"},
 		"ClusterRole inferencecache.io/cachebackends/status[]": {"patch"},
 		"ClusterRole pods[]": {"list", "watch"},
+		// Namespace metadata (cached): their consent to cross-namespace
+		// claims, read by the reconciler, the attribution and the pod webhook.
+		"ClusterRole namespaces[]": {"list", "watch"},
 		// CacheBackend reconciler: the server workload, Service and HPA it
 		// provisions, engine Deployments it annotates (restart cascade);
 		// PromptTemplate reconciler: status.templateRevision.
@@ -231,6 +234,7 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		"ClusterRole apps/statefulsets[]":                        {"create", "delete", "list", "update", "watch"},
 		"ClusterRole services[]":                                 {"create", "delete", "list", "update", "watch"},
 		"ClusterRole autoscaling/horizontalpodautoscalers[]":     {"create", "delete", "list", "update", "watch"},
+		"ClusterRole policy/poddisruptionbudgets[]":              {"create", "delete", "list", "update", "watch"},
 		"ClusterRole inferencecache.io/prompttemplates[]":        {"list", "watch"},
 		"ClusterRole inferencecache.io/prompttemplates/status[]": {"patch"},
 		// PolicyPropagator: the EndpointSlices of the server Service (a
@@ -265,29 +269,24 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 	}
 }
 
-// TestConfigServerWiring checks the routing server's manifests against the
-// server binary and against each other: every flag the Deployment passes is
-// one `cmd/server -h` lists, the container ports are the server's default
-// listeners, and the NetworkPolicy admits :8081 only from the controller's
-// pods while leaving :9090 and :8080 open.
-func TestConfigServerWiring(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds cmd/server; skipped with -short")
-	}
-	objs := render(t, "../../config/default")
+// binaryFlags builds the command pkg (a path like ./cmd/server from the
+// repository root) and returns its flags (name -> usage lines) as -h lists
+// them.
+func binaryFlags(t *testing.T, pkg string) map[string]string {
+	t.Helper()
 	_, self, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "server")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/server")
+	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/server: %v\n%s", err, out)
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
 	// The exit status of -h does not matter, only the usage it prints.
 	help, _ := exec.CommandContext(ctx, bin, "-h").CombinedOutput()
-	flags := map[string]string{} // flag name -> its usage lines
+	flags := map[string]string{}
 	var name string
 	for _, line := range strings.Split(string(help), "\n") {
 		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(line, "  -") {
@@ -298,8 +297,40 @@ func TestConfigServerWiring(t *testing.T) {
 		}
 	}
 	if len(flags) == 0 {
-		t.Fatalf("no flags in cmd/server -h:\n%s", help)
+		t.Fatalf("no flags in %s -h:\n%s", pkg, help)
 	}
+	return flags
+}
+
+// TestConfigControllerFlags: every flag the controller Deployment passes, in
+// default/ and in scaleout/, is one `cmd/controller -h` lists.
+func TestConfigControllerFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/controller; skipped with -short")
+	}
+	flags := binaryFlags(t, "./cmd/controller")
+	for _, dir := range []string{"../../config/default", "../../config/scaleout"} {
+		d := find(render(t, dir), "Deployment", "inferencecache-controller")
+		for _, a := range podSpec(t, d).Containers[0].Args {
+			name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			if _, ok := flags[name]; !ok || !strings.HasPrefix(a, "--") {
+				t.Errorf("%s: the controller Deployment passes %q, which cmd/controller -h does not list", dir, a)
+			}
+		}
+	}
+}
+
+// TestConfigServerWiring checks the routing server's manifests against the
+// server binary and against each other: every flag the Deployment passes is
+// one `cmd/server -h` lists, the container ports are the server's default
+// listeners, and the NetworkPolicy admits :8081 only from the controller's
+// pods while leaving :9090 and :8080 open.
+func TestConfigServerWiring(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/server; skipped with -short")
+	}
+	objs := render(t, "../../config/default")
+	flags := binaryFlags(t, "./cmd/server")
 
 	server := find(objs, "Deployment", "inferencecache-server")
 	containers, _, _ := unstructured.NestedSlice(server.Object, "spec", "template", "spec", "containers")

@@ -10,6 +10,7 @@ import (
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -46,7 +47,7 @@ func countFlag(args []string, name string) int {
 // is not injected twice.
 func TestPodInjection(t *testing.T) {
 	ctx := needEnv(t)
-	ns := namespace(t, ctx, "inject", false)
+	ns := injectionNamespace(t, ctx, "inject")
 	sel := map[string]string{"app": "engine"}
 	mk := func(name string, mut func(*v1alpha1.CacheBackend)) {
 		cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: v1alpha1.CacheBackendSpec{
@@ -97,7 +98,11 @@ func TestPodInjection(t *testing.T) {
 	if sub.Image != testSubscriberImage {
 		t.Errorf("sidecar image %q", sub.Image)
 	}
+	if cfg := icwebhook.KVEventsConfig(); !strings.Contains(cfg, `"endpoint":"tcp://127.0.0.1:5557"`) || !strings.Contains(cfg, `"replay_endpoint":"tcp://127.0.0.1:5558"`) {
+		t.Errorf("kv-events-config %s: want the publisher and the replay on loopback", cfg)
+	}
 	for _, want := range []string{"--model-id=meta/llama", "--hash-scheme=vllm", "--engine-endpoint=tcp://127.0.0.1:5557",
+		"--engine-endpoint-mode=bind", "--engine-replay-endpoint=tcp://127.0.0.1:5558",
 		"--replica-id=$(POD_NAME)", "--tenant-id=$(POD_NAMESPACE)", "--ignore-block-removed=true", "--server-address=127.0.0.1:9090"} {
 		if !slices.Contains(sub.Args, want) {
 			t.Errorf("sidecar args %v lack %s", sub.Args, want)
@@ -151,11 +156,13 @@ func TestPodInjection(t *testing.T) {
 }
 
 // TestPodInjectionCrossNamespace: a backend with allowCrossNamespace claims
-// pods of other namespaces; one without does not.
+// pods of another namespace only when that namespace consents (its
+// inferencecache.io/allow-claims-from annotation names the backend's
+// namespace); one without allowCrossNamespace never does.
 func TestPodInjectionCrossNamespace(t *testing.T) {
 	ctx := needEnv(t)
 	home := namespace(t, ctx, "inject-home", false)
-	other := namespace(t, ctx, "inject-other", false)
+	other := injectionNamespace(t, ctx, "inject-other")
 	for _, c := range []struct {
 		name  string
 		label string
@@ -168,17 +175,41 @@ func TestPodInjectionCrossNamespace(t *testing.T) {
 				EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": c.label}},
 			}}))
 	}
-	for label, want := range map[string]string{"shared-engine": home + "/shared", "private-engine": ""} {
-		p := podObj(other, label, map[string]string{"app": label})
+	injectedBy := func(name, label string) string {
+		t.Helper()
+		p := podObj(other, name, map[string]string{"app": label})
 		wantOK(t, "create pod", k8s.Create(ctx, p))
 		var g corev1.Pod
 		wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
-		if got := g.Annotations[icwebhook.AnnotationInjectedBy]; got != want {
-			t.Errorf("pod %s: injected-by %q, want %q", label, got, want)
-		}
-		if want != "" && len(g.Spec.Containers) != 1 {
+		if g.Annotations[icwebhook.AnnotationInjectedBy] != "" && len(g.Spec.Containers) != 1 {
 			// No spec.backendConfig.model: engine wiring only, no sidecar.
-			t.Errorf("pod %s: sidecar injected without a model: %v", label, g.Spec.Containers)
+			t.Errorf("pod %s: sidecar injected without a model: %v", name, g.Spec.Containers)
+		}
+		return g.Annotations[icwebhook.AnnotationInjectedBy]
+	}
+	// Without the target namespace's consent, nothing is claimed across.
+	if got := injectedBy("before-consent", "shared-engine"); got != "" {
+		t.Fatalf("a pod of %s was injected by %q without the namespace's consent", other, got)
+	}
+	// Consent for another namespace is no consent for home.
+	consent := func(value string) {
+		t.Helper()
+		var n corev1.Namespace
+		wantOK(t, "get namespace", k8s.Get(ctx, client.ObjectKey{Name: other}, &n))
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations["inferencecache.io/allow-claims-from"] = value
+		wantOK(t, "annotate namespace", k8s.Update(ctx, &n))
+	}
+	consent("some-other-ns")
+	if got := injectedBy("other-consent", "shared-engine"); got != "" {
+		t.Fatalf("injected by %q with consent for another namespace only", got)
+	}
+	consent("some-other-ns, " + home)
+	for label, want := range map[string]string{"shared-engine": home + "/shared", "private-engine": ""} {
+		if got := injectedBy("consented-"+label, label); got != want {
+			t.Errorf("pod %s: injected-by %q, want %q", label, got, want)
 		}
 	}
 }
@@ -187,7 +218,7 @@ func TestPodInjectionCrossNamespace(t *testing.T) {
 // where nothing listens, does not stop pods from being created.
 func TestPodInjectionFailsOpen(t *testing.T) {
 	ctx := needEnv(t)
-	ns := namespace(t, ctx, "inject-open", false)
+	ns := injectionNamespace(t, ctx, "inject-open")
 	_, mwc, err := loadWebhooks("../../config/webhook")
 	wantOK(t, "load webhooks", err)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -227,5 +258,133 @@ func TestPodInjectionFailsOpen(t *testing.T) {
 	eventually(t, propagationLimit, create)
 	for range 3 {
 		wantOK(t, "create pod past a dead webhook", create())
+	}
+}
+
+// TestPodInjectionManagedEndpointAndEvents: a pod created before its managed
+// backend was ever reconciled (no status.endpoint; the suite runs no
+// CacheBackend reconciler) gets the backend Service's address; what the
+// webhook could not wire becomes a Warning Event on the CacheBackend.
+func TestPodInjectionManagedEndpointAndEvents(t *testing.T) {
+	ctx := needEnv(t)
+	ns := injectionNamespace(t, ctx, "inject-managed")
+	wantOK(t, "managed backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lmc"},
+		Spec: v1alpha1.CacheBackendSpec{EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "managed"}},
+			BackendConfig: map[string]string{icwebhook.BackendConfigModel: "m"}}}))
+	wantOK(t, "backend without a model", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "nomodel"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "nomodel"}}}}))
+
+	p := podObj(ns, "managed-0", map[string]string{"app": "managed"})
+	wantOK(t, "create pod", k8s.Create(ctx, p))
+	var g corev1.Pod
+	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+	if got := envNames(g.Spec.Containers[0].Env)["LMCACHE_REMOTE_URL"]; got != "lm://lmc."+ns+".svc:8200" {
+		t.Fatalf("LMCACHE_REMOTE_URL %q, want the backend Service's address", got)
+	}
+
+	wantOK(t, "create pod", k8s.Create(ctx, podObj(ns, "nomodel-0", map[string]string{"app": "nomodel"})))
+	eventually(t, propagationLimit, func() error {
+		var evs eventsv1.EventList
+		if err := k8s.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Kind == "CacheBackend" && e.Regarding.Name == "nomodel" && e.Type == corev1.EventTypeWarning &&
+				e.Reason == "InjectionIncomplete" && strings.Contains(e.Note, "backendConfig.model") && strings.Contains(e.Note, "nomodel-0") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no InjectionIncomplete Event on CacheBackend nomodel among %d", len(evs.Items))
+	})
+}
+
+// TestPodInjectionDataParallel: a pod whose engine runs two data-parallel
+// ranks is stored with one sidecar that follows both (--data-parallel-size=2:
+// rank r bound on 5557+r, replayed from 5559+r, reported as
+// $(POD_NAME)-dp<r>), and the engine's config places the replays after the
+// last rank's publisher.
+func TestPodInjectionDataParallel(t *testing.T) {
+	ctx := needEnv(t)
+	ns := injectionNamespace(t, ctx, "inject-dp")
+	wantOK(t, "backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cb"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "dp"}},
+			BackendConfig:  map[string]string{icwebhook.BackendConfigModel: "m"}}}))
+	p := podObj(ns, "dp-0", map[string]string{"app": "dp"})
+	p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--data-parallel-size", "2")
+	wantOK(t, "create pod", k8s.Create(ctx, p))
+	var g corev1.Pod
+	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+	if len(g.Spec.Containers) != 2 || g.Spec.Containers[1].Name != icwebhook.SubscriberContainer {
+		t.Fatalf("containers %v, want the engine and one sidecar for both ranks", g.Spec.Containers)
+	}
+	eng, sub := g.Spec.Containers[0], g.Spec.Containers[1]
+	var cfg string
+	for _, a := range eng.Args {
+		if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
+			cfg = v
+		}
+	}
+	if !strings.Contains(cfg, `"endpoint":"tcp://127.0.0.1:5557"`) || !strings.Contains(cfg, `"replay_endpoint":"tcp://127.0.0.1:5559"`) {
+		t.Errorf("engine kv-events-config %q: want publishers from 127.0.0.1:5557, replays from 127.0.0.1:5559", cfg)
+	}
+	for _, want := range []string{"--replica-id=$(POD_NAME)", "--data-parallel-size=2", "--engine-endpoint=tcp://127.0.0.1:5557",
+		"--engine-endpoint-mode=bind", "--engine-replay-endpoint=tcp://127.0.0.1:5559"} {
+		if !slices.Contains(sub.Args, want) {
+			t.Errorf("sidecar args %v lack %s", sub.Args, want)
+		}
+	}
+	if got := sub.Resources.Limits[corev1.ResourceMemory]; got.String() != "512Mi" {
+		t.Errorf("sidecar memory limit %s, want 512Mi (256Mi per rank)", got.String())
+	}
+}
+
+// TestPodInjectionFollowsOwnEventsConfig: a pod whose engine sets its own
+// --kv-events-config (which wins over the webhook's) with a wildcard
+// publisher, as vLLM's docs show, gets a sidecar that connects to it on
+// loopback instead of binding the port the engine binds.
+func TestPodInjectionFollowsOwnEventsConfig(t *testing.T) {
+	ctx := needEnv(t)
+	ns := injectionNamespace(t, ctx, "inject-own")
+	wantOK(t, "backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cb"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "own"}},
+			BackendConfig:  map[string]string{icwebhook.BackendConfigModel: "m"}}}))
+	p := podObj(ns, "own-0", map[string]string{"app": "own"})
+	own := `--kv-events-config={"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv-events"}`
+	p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, own)
+	wantOK(t, "create pod", k8s.Create(ctx, p))
+	var g corev1.Pod
+	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+	if len(g.Spec.Containers) != 2 {
+		t.Fatalf("containers %v", g.Spec.Containers)
+	}
+	if eng := g.Spec.Containers[0].Args; countFlag(eng, "--kv-events-config") != 1 || !slices.Contains(eng, own) {
+		t.Errorf("engine args %v: the pod's own --kv-events-config must stay the only one", eng)
+	}
+	for _, want := range []string{"--engine-endpoint=tcp://127.0.0.1:5557", "--engine-endpoint-mode=connect", "--engine-replay-endpoint=tcp://127.0.0.1:5558"} {
+		if sub := g.Spec.Containers[1].Args; !slices.Contains(sub, want) {
+			t.Errorf("sidecar args %v lack %s", sub, want)
+		}
+	}
+}
+
+// TestPodInjectionOptInNamespace: the pod webhook is called only for pods of
+// namespaces labelled inferencecache.io/injection=enabled; elsewhere a pod a
+// CacheBackend selects is stored as sent, and every other pod CREATE in the
+// cluster skips the webhook.
+func TestPodInjectionOptInNamespace(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "inject-not-enabled", false)
+	wantOK(t, "backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cb"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "engine"}}}}))
+	p := podObj(ns, "engine-0", map[string]string{"app": "engine"})
+	wantOK(t, "create pod", k8s.Create(ctx, p))
+	var g corev1.Pod
+	wantOK(t, "get pod", k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+	if by := g.Annotations[icwebhook.AnnotationInjectedBy]; by != "" || len(g.Spec.Containers[0].Args) != 1 {
+		t.Fatalf("a pod of a namespace without %s=enabled was injected (by %q): %v", "inferencecache.io/injection", by, g.Spec.Containers[0].Args)
 	}
 }

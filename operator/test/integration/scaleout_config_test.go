@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,6 +35,21 @@ func TestConfigScaleoutOverlay(t *testing.T) {
 	}
 	if !slices.Contains(args, "--allowed-controller-sa=system:serviceaccount:inferencecache-system:inferencecache-controller") {
 		t.Errorf("the overlay lost the base args: %q", args)
+	}
+	// The injected sidecars publish to the same NATS: every server then
+	// builds the same index (the controller passes its --nats-url on).
+	var serverNATS string
+	for _, a := range args {
+		if strings.HasPrefix(a, "--nats-url=") {
+			serverNATS = a
+		}
+	}
+	ctl := podSpec(t, find(objs, "Deployment", "inferencecache-controller")).Containers[0].Args
+	if !slices.Contains(ctl, serverNATS) {
+		t.Errorf("controller args %q lack the servers' %s: the sidecars would report to one server over gRPC", ctl, serverNATS)
+	}
+	if base := podSpec(t, find(base, "Deployment", "inferencecache-controller")).Containers[0].Args; slices.ContainsFunc(base, func(a string) bool { return strings.HasPrefix(a, "--nats-url") }) {
+		t.Errorf("default/ controller passes a NATS URL: %q", base)
 	}
 	terms, _, _ := unstructured.NestedSlice(srv.Object, "spec", "template", "spec", "affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
 	if len(terms) != 1 {

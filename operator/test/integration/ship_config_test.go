@@ -326,9 +326,10 @@ func TestConfigControllerMemory(t *testing.T) {
 // The monitoring bundle: default/ carries no Prometheus-operator kinds (it
 // must apply without those CRDs); prometheus/ has a metrics Service per
 // binary that selects its pods and targets the container port serving
-// /metrics, a ServiceMonitor scraping each, and the PrometheusRule. The
-// Services pass a dry-run apply (the monitoring.coreos.com kinds cannot:
-// envtest has no Prometheus operator; rulestest/ checks the rules).
+// /metrics, a ServiceMonitor scraping each, the PrometheusRule and the
+// dashboard ConfigMaps. The Services and ConfigMaps pass a dry-run apply
+// (the monitoring.coreos.com kinds cannot: envtest has no Prometheus
+// operator; rulestest/ checks the rules).
 func TestConfigPrometheus(t *testing.T) {
 	ctx := needEnv(t)
 	def := render(t, "../../config/default")
@@ -345,9 +346,17 @@ func TestConfigPrometheus(t *testing.T) {
 			t.Errorf("%s %s in namespace %q", u.GetKind(), u.GetName(), u.GetNamespace())
 		}
 	}
-	if kinds["Service"] != 2 || kinds["ServiceMonitor"] != 2 || kinds["PrometheusRule"] != 1 || len(objs) != 5 {
+	// The ConfigMaps are the Grafana dashboards (../grafana; dashgen/ checks them).
+	if kinds["Service"] != 2 || kinds["ServiceMonitor"] != 2 || kinds["PrometheusRule"] != 1 || kinds["ConfigMap"] != 3 || len(objs) != 8 {
 		t.Fatalf("prometheus/ renders %v", kinds)
 	}
+	var dashboards []*unstructured.Unstructured
+	for _, u := range objs {
+		if u.GetKind() == "ConfigMap" {
+			dashboards = append(dashboards, u)
+		}
+	}
+	dryRunApply(t, ctx, dashboards)
 
 	for _, bin := range []struct{ deployment, service, monitor, port string }{
 		{"inferencecache-server", "inferencecache-server-metrics", "inferencecache-server", "http"},

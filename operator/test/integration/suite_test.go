@@ -53,6 +53,7 @@ import (
 	"github.com/inferencecache/inferencecache/controlserver"
 	"github.com/inferencecache/inferencecache/controlserver/auth"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/inferencecache/operator/internal/validation"
 	icwebhook "github.com/inferencecache/inferencecache/operator/internal/webhook"
 	"github.com/inferencecache/inferencecache/operator/manager"
 	"github.com/inferencecache/inferencecache/policy"
@@ -65,6 +66,13 @@ const legacyLabel = "inferencecache.io/test-legacy"
 
 // testSubscriberImage is the sidecar image the suite's pod webhook injects.
 const testSubscriberImage = "example.invalid/kvevent-subscriber:test"
+
+// testBackendPolicy is the suite's --allowed-backend-images and
+// --allowed-service-accounts.
+var testBackendPolicy = validation.BackendPolicy{
+	ImagePrefixes:   []string{"registry.example/approved/", "lmcache/vllm-openai"},
+	ServiceAccounts: []string{"cache-runner", "wh-allow/special"},
+}
 
 // tick is the push and poll interval of the controllers under test.
 const tick = time.Second
@@ -167,7 +175,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := icwebhook.Setup(mgr, mgr.GetAPIReader()); err != nil {
+	if err := icwebhook.Setup(mgr, mgr.GetAPIReader(), icwebhook.Options{BackendPolicy: testBackendPolicy}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -336,6 +344,22 @@ func namespace(t *testing.T, ctx context.Context, name string, legacy bool) stri
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = k8s.Delete(ctx, ns)
+	})
+	return name
+}
+
+// injectionNamespace is namespace, labelled for the pod webhook
+// (inferencecache.io/injection=enabled).
+func injectionNamespace(t *testing.T, ctx context.Context, name string) string {
+	t.Helper()
+	namespace(t, ctx, name, false)
+	eventually(t, 10*time.Second, func() error {
+		return update(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, func(n *corev1.Namespace) {
+			if n.Labels == nil {
+				n.Labels = map[string]string{}
+			}
+			n.Labels[icwebhook.LabelInjection] = "enabled"
+		})
 	})
 	return name
 }

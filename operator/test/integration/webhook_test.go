@@ -336,3 +336,61 @@ func TestDurationsDecode(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheBackendWebhookEngineOverrides: engineOverrides.env may not read a
+// Secret or a ConfigMap (the pod webhook would hand it to engine pods whose
+// owners never granted it); values and the pod's own fields are fine.
+func TestCacheBackendWebhookEngineOverrides(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-overrides", false)
+	withEnv := func(name string, env ...corev1.EnvVar) *v1alpha1.CacheBackend {
+		b := backendObj(ns, name, v1alpha1.BackendExternal, "lmcache.cache.svc:8200")
+		b.Spec.Integration = &v1alpha1.CacheBackendIntegration{EngineOverrides: &v1alpha1.EngineOverrides{Env: env}}
+		return b
+	}
+	secret := corev1.EnvVar{Name: "TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: "hf"}, Key: "token"}}}
+	cm := corev1.EnvVar{Name: "CFG", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}, Key: "k"}}}
+	wantDenied(t, "env from a Secret", k8s.Create(ctx, withEnv("secret", secret)),
+		"spec.integration.engineOverrides.env[0].valueFrom", "Secret")
+	wantDenied(t, "env from a ConfigMap", k8s.Create(ctx, withEnv("cm", corev1.EnvVar{Name: "A", Value: "1"}, cm)),
+		"spec.integration.engineOverrides.env[1].valueFrom", "ConfigMap")
+	ok := withEnv("ok", corev1.EnvVar{Name: "A", Value: "1"},
+		corev1.EnvVar{Name: "NODE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}})
+	wantOK(t, "plain value and field ref", k8s.Create(ctx, ok))
+	wantDenied(t, "update adding a Secret ref", update(ctx, ok, func(b *v1alpha1.CacheBackend) {
+		b.Spec.Integration.EngineOverrides.Env = append(b.Spec.Integration.EngineOverrides.Env, secret)
+	}), "Secret")
+}
+
+// TestCacheBackendWebhookAllowLists: with --allowed-backend-images and
+// --allowed-service-accounts (the suite's testBackendPolicy), the webhook
+// refuses a CacheBackend asking to run another image or ServiceAccount.
+func TestCacheBackendWebhookAllowLists(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "wh-allow", false)
+	mk := func(name, image, sa string) *v1alpha1.CacheBackend {
+		b := backendObj(ns, name, v1alpha1.BackendLMCache, "")
+		if image != "" {
+			b.Spec.BackendConfig = map[string]string{"image": image}
+		}
+		if sa != "" {
+			b.Spec.Template = &v1alpha1.BackendPodOverride{ServiceAccountName: sa}
+		}
+		return b
+	}
+	wantDenied(t, "image outside the allowed prefixes", k8s.Create(ctx, mk("img", "docker.io/evil/miner:1", "")),
+		`spec.backendConfig[image]: Forbidden`, "docker.io/evil/miner:1", "--allowed-backend-images")
+	wantDenied(t, "look-alike of an allowed prefix", k8s.Create(ctx, mk("img2", "lmcache/vllm-openai-evil:1", "")), "not allowed")
+	wantDenied(t, "ServiceAccount not allowed", k8s.Create(ctx, mk("sa", "", "cluster-admin-sa")),
+		"spec.template.serviceAccountName: Forbidden", "--allowed-service-accounts")
+	wantDenied(t, "namespaced entry of another namespace", k8s.Create(ctx, mk("sa2", "", "other")), "Forbidden")
+	ok := mk("ok", "registry.example/approved/lmcache:1", "cache-runner")
+	wantOK(t, "allowed image and ServiceAccount", k8s.Create(ctx, ok))
+	wantOK(t, "namespace-scoped ServiceAccount entry", k8s.Create(ctx, mk("ok2", "lmcache/vllm-openai:v0.3.15", "special")))
+	wantOK(t, "defaults (no image, no ServiceAccount)", k8s.Create(ctx, mk("ok3", "", "")))
+	wantDenied(t, "update to a refused image", update(ctx, ok, func(b *v1alpha1.CacheBackend) {
+		b.Spec.BackendConfig["image"] = "quay.io/x/y:1"
+	}), "not allowed")
+}

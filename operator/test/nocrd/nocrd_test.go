@@ -119,6 +119,7 @@ func TestQuietWithoutCRDsThenPickedUp(t *testing.T) {
 	if err := controller.Setup(mgr, controller.Options{
 		Server:       &controller.ServerClient{BaseURL: "http://" + l.Addr().String()},
 		PushInterval: 500 * time.Millisecond, SnapshotInterval: 500 * time.Millisecond,
+		CRDPollInterval: time.Second,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -187,6 +188,33 @@ func TestQuietWithoutCRDsThenPickedUp(t *testing.T) {
 			t.Fatalf("CacheIndex not created and projected after the CRDs were installed: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// The CacheBackend and PromptTemplate reconcilers switch on by
+	// themselves: a backend gets its status, a template its revision.
+	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "late", Name: "cb"}, Spec: v1alpha1.CacheBackendSpec{
+		Integration: &v1alpha1.CacheBackendIntegration{Mode: v1alpha1.IntegrationEventsOnly}}}
+	if err := c.Create(ctx, cb); err != nil {
+		t.Fatal(err)
+	}
+	pt := &v1alpha1.PromptTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: "late", Name: "pt"}, Spec: v1alpha1.PromptTemplateSpec{Body: "hello {{name}}",
+		Slots: []v1alpha1.PromptTemplateSlot{{Name: "name", Type: v1alpha1.SlotMutable}}}}
+	if err := c.Create(ctx, pt); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		var got v1alpha1.CacheBackend
+		errB := c.Get(ctx, client.ObjectKeyFromObject(cb), &got)
+		var gotPT v1alpha1.PromptTemplate
+		errP := c.Get(ctx, client.ObjectKeyFromObject(pt), &gotPT)
+		if errB == nil && errP == nil && got.Status.ObservedGeneration == got.Generation && gotPT.Status.TemplateRevision != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the CacheBackend and PromptTemplate reconcilers did not start after their CRDs were installed: backend status %+v (%v), template status %+v (%v)",
+				got.Status, errB, gotPT.Status, errP)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	if errs := sink.logged(); len(errs) != 0 {
 		t.Fatalf("errors logged:\n%s", strings.Join(errs, "\n"))

@@ -6,6 +6,7 @@
 package rulestest
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"regexp"
@@ -19,6 +20,8 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
+	admissionmetrics "k8s.io/apiserver/pkg/admission/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/yaml"
 
@@ -93,7 +96,8 @@ func TestRulesParse(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"ServerProbeFail", "InferencecacheT2Degraded", "InferencecachePolicyPushFailing", "InferencecacheServerDown"} {
+	for _, want := range []string{"ServerProbeFail", "InferencecacheT2Degraded", "InferencecachePolicyPushFailing", "InferencecacheServerDown",
+		"InferencecacheControllerDown", "InferencecacheControllerNoLeader", "InferencecacheWebhookUnreachable"} {
 		if !seen[want] {
 			t.Errorf("no alert %s", want)
 		}
@@ -152,6 +156,59 @@ func registered(t *testing.T, names map[string]bool, c prometheus.Collector) {
 	}
 }
 
+// apiserverAdmissionMetrics records one webhook rejection and one fail-open
+// through k8s.io/apiserver's admission metrics, as a kube-apiserver does,
+// and returns every series name and the label values it exposed.
+func apiserverAdmissionMetrics(t *testing.T) map[string]map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	admissionmetrics.Metrics.ObserveWebhookRejection(ctx, "vcachepolicy.inferencecache.io", "validating", "CREATE",
+		admissionmetrics.WebhookRejectionCallingWebhookError, 0)
+	admissionmetrics.Metrics.ObserveWebhookRejection(ctx, "vcachepolicy.inferencecache.io", "validating", "CREATE",
+		admissionmetrics.WebhookRejectionAPIServerInternalError, 0)
+	admissionmetrics.Metrics.ObserveWebhookFailOpen(ctx, "mpod.inferencecache.io", "admit")
+	mfs, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string][]string{}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "apiserver_admission_webhook_") {
+			continue
+		}
+		lv := map[string][]string{}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				lv[l.GetName()] = append(lv[l.GetName()], l.GetValue())
+			}
+		}
+		out[mf.GetName()] = lv
+	}
+	return out
+}
+
+// TestWebhookAlertsMatchApiserverLabels: the label values the webhook alerts
+// select are the ones the kube-apiserver writes.
+func TestWebhookAlertsMatchApiserverLabels(t *testing.T) {
+	got := apiserverAdmissionMetrics(t)
+	rej := got["apiserver_admission_webhook_rejection_count"]
+	for _, want := range []string{"calling_webhook_error", "apiserver_internal_error"} {
+		if !slices.Contains(rej["error_type"], want) {
+			t.Errorf("apiserver_admission_webhook_rejection_count error_type values %v lack %q", rej["error_type"], want)
+		}
+	}
+	if open := got["apiserver_admission_webhook_fail_open_count"]; !slices.Contains(open["name"], "mpod.inferencecache.io") {
+		t.Errorf("apiserver_admission_webhook_fail_open_count has no name label: %v", open)
+	}
+	raw, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), `error_type=~"calling_webhook_error|apiserver_internal_error"`) {
+		t.Error("InferencecacheWebhookUnreachable does not select both error types")
+	}
+}
+
 // TestRulesNameExposedMetrics starts a real server (with a tokenizer folder
 // and NATS, so every optional collector registers) and builds the
 // controller's metrics as its binary does, then checks each metric the rules
@@ -175,6 +232,12 @@ func TestRulesNameExposedMetrics(t *testing.T) {
 	registered(t, names, controller.NewBackendMetrics().QueryTokens)
 	for _, c := range controller.CacheBackendCollectors() {
 		registered(t, names, c)
+	}
+
+	// The kube-apiserver's admission-webhook counters the webhook alerts
+	// read, from the apiserver library that defines them.
+	for n := range apiserverAdmissionMetrics(t) {
+		names[n] = true
 	}
 
 	for _, n := range scrapeGenerated {

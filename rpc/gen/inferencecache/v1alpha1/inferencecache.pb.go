@@ -456,7 +456,13 @@ type LookupRouteRequest struct {
 	// generation prompt and tokenizes it (tokenizer builds only).
 	PromptText string `protobuf:"bytes,10,opt,name=prompt_text,json=promptText,proto3" json:"prompt_text,omitempty"`
 	// Index partition (for example a LoRA adapter); empty is the default one.
-	AdapterId     string `protobuf:"bytes,11,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
+	AdapterId string `protobuf:"bytes,11,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
+	// Not in the contract (docs/wire.md): the caller sends the request to the
+	// first replica of the answer. The server then expects the chain there
+	// until that replica's KV events store it (docs/routing.md,
+	// "Routing-time entries"). Absent or false: the lookup is a question only,
+	// and the answer is exactly what it was without the field.
+	FollowsAnswer bool `protobuf:"varint,12,opt,name=follows_answer,json=followsAnswer,proto3" json:"follows_answer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -566,6 +572,13 @@ func (x *LookupRouteRequest) GetAdapterId() string {
 		return x.AdapterId
 	}
 	return ""
+}
+
+func (x *LookupRouteRequest) GetFollowsAnswer() bool {
+	if x != nil {
+		return x.FollowsAnswer
+	}
+	return false
 }
 
 type ReplicaScore struct {
@@ -1866,7 +1879,7 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\amessage\x18\b \x01(\tR\amessage\"5\n" +
 	"\x03SLO\x12\x17\n" +
 	"\attft_ms\x18\x01 \x01(\x05R\x06ttftMs\x12\x15\n" +
-	"\x06tbt_ms\x18\x02 \x01(\x05R\x05tbtMs\"\x9a\x03\n" +
+	"\x06tbt_ms\x18\x02 \x01(\x05R\x05tbtMs\"\xc1\x03\n" +
 	"\x12LookupRouteRequest\x12\x19\n" +
 	"\bmodel_id\x18\x01 \x01(\tR\amodelId\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1f\n" +
@@ -1883,7 +1896,8 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	" \x01(\tR\n" +
 	"promptText\x12\x1d\n" +
 	"\n" +
-	"adapter_id\x18\v \x01(\tR\tadapterId\"\xdb\x01\n" +
+	"adapter_id\x18\v \x01(\tR\tadapterId\x12%\n" +
+	"\x0efollows_answer\x18\f \x01(\bR\rfollowsAnswer\"\xdb\x01\n" +
 	"\fReplicaScore\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x14\n" +

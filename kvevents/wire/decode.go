@@ -1,21 +1,9 @@
-// Package kvevents turns an inference engine's KV-cache events (vLLM and
-// SGLang publish them over ZMQ as msgpack) into the inferencecache wire
-// contract: ReportCacheState deltas and PublishEvent lifecycle events.
-//
-// The pipeline has four stages, each usable on its own:
-//
-//   - Decoder turns one ZMQ payload into a Batch (both the tag-first array
-//     layout and the map layout of events, array or map envelopes).
-//   - Index is the per-replica positional index: engine block hash to our
-//     fingerprint key, cumulative tokens, adapter and media.
-//   - Forwarder batches adds, orders removals and clears behind them, and
-//     ships them to a Sink with retries, a bounded buffer and clear-and-resync
-//     on overflow.
-//   - Subscriber wires a ZMQ SUB socket, sequence tracking and replay-based gap
-//     recovery around the three, plus the engine stats scraper.
-//
-// See README.md in this directory for the delivery guarantees.
-package kvevents
+// Package wire is the engines' KV-event wire format: the ZMQ multipart
+// message ([topic, seq, payload]) and the msgpack batches vLLM and SGLang
+// publish in it (array and map envelopes, tag-first array and map event
+// layouts), decoded into a reusable Batch without allocating. It knows
+// nothing of what the events mean for routing: kvevents applies them.
+package wire
 
 import (
 	"bytes"
