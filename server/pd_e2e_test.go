@@ -82,15 +82,21 @@ func TestE2ELookupPDRoute(t *testing.T) {
 			rpc.ReasonPDDisaggregated, "p-warm", "d2", "Mooncake", func(resp *pb.LookupPDRouteResponse) bool {
 				return resp.GetPrefillMatchedTokens() == 128 && resp.GetUncachedTokens() == 2000-128 && resp.GetDecodeMatchedTokens() == 0
 			}},
-		{"bare topology name in the tenant's namespace",
+		// Load-aware: what was routed counts. p-warm now has the first
+		// prompt's 1,872 uncached tokens queued: 1,872 + 2 x 1,872 (the
+		// P/D prefill weight) outweighs p-cold's 2 x 2,000.
+		{"bare topology name in the tenant's namespace; the first prompt's queue sends it to p-cold",
 			&pb.LookupPDRouteRequest{TenantId: "team-a", ModelId: "llama", PdTopologyRef: "llama-pd", HashScheme: "vllm", BlockHashes: hs, BlockTokenCounts: cs, PrefixTokenCount: 2000},
-			rpc.ReasonPDDisaggregated, "p-warm", "d2", "Mooncake", nil},
+			rpc.ReasonPDDisaggregated, "p-cold", "d2", "Mooncake", nil},
 		{"short prompt: decode does it all",
 			&pb.LookupPDRouteRequest{TenantId: "team-a", ModelId: "llama", PdTopologyRef: "team-a/llama-pd", HashScheme: "vllm", PrefixTokenCount: 80},
 			rpc.ReasonPDPrefillSkipped, "", "d2", "", nil},
-		{"token_ids are fingerprinted for the cache credit",
+		// The cheapest prefill replica (p-warm, 1,872 queued) is further
+		// behind than decode doing the 500 tokens itself (d2: 80 queued):
+		// the prefill pool is backlogged, the hop is skipped.
+		{"token_ids are fingerprinted; a backlogged prefill pool is skipped",
 			&pb.LookupPDRouteRequest{TenantId: "team-a", ModelId: "llama", PdTopologyRef: "team-a/llama-pd", HashScheme: "vllm", TokenIds: make([]uint32, 500)},
-			rpc.ReasonPDDisaggregated, "p-cold", "d2", "Mooncake", nil},
+			rpc.ReasonPDPrefillSkipped, "", "d2", "", func(resp *pb.LookupPDRouteResponse) bool { return resp.GetUncachedTokens() == 500 }},
 		{"no decode replica", &pb.LookupPDRouteRequest{TenantId: "team-a", ModelId: "llama", PdTopologyRef: "team-a/no-decode", PrefixTokenCount: 2000},
 			rpc.ReasonNoDecodePool, "", "", "", nil},
 		{"no prefill replica: decode named to run it alone", &pb.LookupPDRouteRequest{TenantId: "team-a", ModelId: "llama", PdTopologyRef: "team-a/no-prefill", PrefixTokenCount: 2000},
@@ -117,12 +123,11 @@ func TestE2ELookupPDRoute(t *testing.T) {
 			}
 		})
 	}
-	// Load-aware: what was routed counts. p-warm has two prompts of 1,872
-	// uncached tokens queued by now, which outweighs its cached 128; the
-	// next prompt goes to p-cold.
+	// And back: p-cold's 2,000 queued tokens and no cache now cost more
+	// than p-warm's 1,872 with its 128 cached (6,000 against 5,616).
 	resp, _ := r.cli.LookupPDRoute(tctx(t), &pb.LookupPDRouteRequest{TenantId: "team-a", ModelId: "llama", PdTopologyRef: "team-a/llama-pd", HashScheme: "vllm", BlockHashes: hs, BlockTokenCounts: cs, PrefixTokenCount: 2000})
-	if resp.GetPrefillReplicaId() != "p-cold" {
-		t.Errorf("after two routed prompts: %v, want p-cold", resp)
+	if resp.GetPrefillReplicaId() != "p-warm" {
+		t.Errorf("after one prompt on each prefill replica: %v, want p-warm", resp)
 	}
 	// A deadline already past.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
@@ -134,7 +139,7 @@ func TestE2ELookupPDRoute(t *testing.T) {
 
 	fams := servertest.Scrape(t, r.Server)
 	for reason, want := range map[string]float64{
-		rpc.ReasonPDDisaggregated: 4, rpc.ReasonPDPrefillSkipped: 1, rpc.ReasonNoDecodePool: 2,
+		rpc.ReasonPDDisaggregated: 3, rpc.ReasonPDPrefillSkipped: 2, rpc.ReasonNoDecodePool: 2,
 		rpc.ReasonNoPrefillPool: 1, rpc.ReasonUnknownTopology: 2, rpc.ReasonNoHint: 2, rpc.ReasonTimeout: 0,
 	} {
 		if got, ok := servertest.Value(fams, servermetrics.NamePDRouteCalls, "reason_code="+reason); !ok || got != want {
