@@ -185,12 +185,16 @@ func (res TenantResolution) Pushed(t *v1alpha1.CacheTenant) bool {
 	return found
 }
 
-// BuildBody assembles the version-7 /policy body.
+// BuildBody assembles the /policy body of the CachePolicies and
+// CacheTenants, at version 7 (policy.VersionFor): a pass that also has
+// PDTopologies or PromptTemplates adds them (AddPD), which makes it 8.
 func BuildBody(policies []policy.ResolvedPolicy, tenants []policy.ResolvedTenant) *policy.Body {
 	if policies == nil {
 		policies = []policy.ResolvedPolicy{}
 	}
-	return &policy.Body{Version: policy.PropagationVersion, Policies: policies, Tenants: tenants}
+	b := &policy.Body{Policies: policies, Tenants: tenants}
+	b.Version = policy.VersionFor(b)
+	return b
 }
 
 // compareNamespacedName orders objects by (namespace, name), the order in
