@@ -109,13 +109,15 @@ profile: ## Profile the server under a fixed loadgen scenario into profiles/ (CP
 # worktree: make bench-report TRACE=/work/shared/traces/mooncake_conversation_trace.jsonl
 TRACE ?= ../shared/traces/mooncake_conversation_trace.jsonl
 
-bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity, and arrivals 1.5x and 2x faster), the chat, rag and shared-prompt workloads, at 1,000 and 4,000 blocks per replica; and every workload at 1x under the legacy replica model (bench/results/legacy).
+bench-report: ## Regenerate the routing-quality simulator reports (bench/results): the Mooncake trace (with the lag/interval sensitivity, and arrivals 1.5x and 2x faster), the chat, rag and shared-prompt workloads, at 1,000 and 4,000 blocks per replica; every workload at 1x under the legacy replica model (bench/results/legacy); and the P/D mode (bench pd).
 	$(GO) build -o $(BIN)/bench ./cmd/bench
 	$(BIN)/bench -trace $(TRACE) -out bench/results -name conversation -sensitivity > /dev/null
 	for s in 1.5 2; do $(BIN)/bench -trace $(TRACE) -speedup $$s -out bench/results -name conversation-x$$s > /dev/null; done
 	for w in chat rag shared-prompt; do $(BIN)/bench -workload $$w -out bench/results -name $$w > /dev/null; done
 	$(BIN)/bench -sim-model legacy -trace $(TRACE) -out bench/results/legacy -name conversation > /dev/null
 	for w in chat rag shared-prompt; do $(BIN)/bench -sim-model legacy -workload $$w -out bench/results/legacy -name $$w > /dev/null; done
+	$(BIN)/bench pd -trace $(TRACE) -workloads "" -prefill 8 -decode 4 -out bench/results -name pd-mooncake > /dev/null
+	$(BIN)/bench pd -out bench/results -name pd-synthetic > /dev/null
 
 .PHONY: clean
 clean: ## Remove build output.

@@ -110,11 +110,21 @@ const MaxProbeBodyBytes = 4 << 10
 // ProbeRequest is the POST /probe body. Backend, Model and HashScheme are
 // required; BackendType is the CacheBackend's spec.type (LMCache or empty
 // runs the T2 stage when a T2 prober is wired).
+//
+// T2Endpoint and T2Provider (an inferencecache addition) name the
+// backend's remote tier, spec.remoteStorage: its endpoint ("host:port",
+// "redis://…", "rediss://…") and provider (empty: Redis). With an
+// endpoint, stage t2 is a put/get round trip against it, whatever the
+// backend type; without one it is skipped. A server that predates them
+// refuses them as unknown fields (HTTP 400), so the controller sends them
+// only for a backend that has a remote tier.
 type ProbeRequest struct {
 	Backend     string `json:"backend"`
 	Model       string `json:"model"`
 	HashScheme  string `json:"hashScheme"`
 	BackendType string `json:"backendType,omitempty"`
+	T2Endpoint  string `json:"t2Endpoint,omitempty"`
+	T2Provider  string `json:"t2Provider,omitempty"`
 }
 
 // ProbeResponse is the POST /probe answer; HTTP 200 even when a stage fails.

@@ -1,7 +1,8 @@
 // Package controlserver serves the server's internal control endpoints, the
 // ones the controller calls on the :8081 listener:
 //
-//	POST|PUT /policy    replace-on-write policy push (policy.Decode, Store.Apply) -> 204
+//	POST|PUT /policy    replace-on-write policy push (policy.Decode, Store.Apply) -> 204;
+//	                    schema v8: CachePolicies, CacheTenant quotas, PDTopologies, PromptTemplates
 //	GET      /snapshot  the index aggregate as JSON, zstd/gzip/identity         -> 200
 //	POST     /probe     functional self-test through a Prober                  -> 200
 //
@@ -145,7 +146,8 @@ func (h *handler) servePolicy(w http.ResponseWriter, r *http.Request) {
 	}
 	snap := h.policies.Apply(body)
 	h.pushAppliedLog.Info(r.Context(), h.log, "policy snapshot applied", "version", body.Version, "policies", len(body.Policies),
-		"tenants", len(body.Tenants), "generation", snap.Generation())
+		"tenants", len(body.Tenants), "pdTopologies", snap.Topologies(), "promptTemplates", snap.Templates(),
+		"generation", snap.Generation())
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -201,7 +203,8 @@ func (h *handler) serveProbe(w http.ResponseWriter, r *http.Request) {
 }
 
 // probeFields are the exact (case-sensitive) JSON keys of a ProbeRequest.
-var probeFields = map[string]bool{"backend": true, "model": true, "hashScheme": true, "backendType": true}
+var probeFields = map[string]bool{"backend": true, "model": true, "hashScheme": true, "backendType": true,
+	"t2Endpoint": true, "t2Provider": true}
 
 // decodeProbe reads and validates a /probe body: one JSON object, no unknown
 // (or differently cased) fields, nothing after it, backend, model and

@@ -208,6 +208,26 @@ func TestPolicy(t *testing.T) {
 		}
 	})
 
+	t.Run("version 8 applies topologies and templates", func(t *testing.T) {
+		r := e.do(t, http.MethodPost, "/policy", strings.NewReader(`{"version": 8, "policies": [{"namespace": "team-b"}],
+		  "pdTopologies": [{"namespace": "team-b", "name": "pd", "prefillPools": [{"name": "p"}], "decodePools": [{"name": "d"}], "transport": "NIXL"}],
+		  "promptTemplates": [{"namespace": "team-b", "name": "t", "body": "{{ s }}", "slots": [{"name": "s", "type": "Stable"}]}]}`))
+		if r.code != http.StatusNoContent {
+			t.Fatalf("status %d body %q", r.code, r.body)
+		}
+		snap := e.store.Load()
+		if top := snap.Topology("", "team-b"); top == nil || top.Transport != policy.TransportNIXL || snap.Template("team-b/t", "") == nil || !snap.Tenant("team-b").HasPolicy {
+			t.Fatalf("topology %+v, template %+v", top, snap.Template("team-b/t", ""))
+		}
+		// Replace-on-write: the next push without them drops them.
+		if r := e.do(t, http.MethodPost, "/policy", strings.NewReader(`{"version": 7, "policies": [{"namespace": "team-b"}]}`)); r.code != http.StatusNoContent {
+			t.Fatalf("status %d", r.code)
+		}
+		if snap := e.store.Load(); snap.Topologies() != 0 || snap.Templates() != 0 {
+			t.Error("a push without topologies and templates kept them")
+		}
+	})
+
 	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodDelete, http.MethodPatch, http.MethodOptions} {
 		t.Run("405 "+m, func(t *testing.T) {
 			r := e.do(t, m, "/policy", nil)
@@ -222,7 +242,7 @@ func TestPolicy(t *testing.T) {
 		name, body, want string
 	}{
 		{"version 2", `{"version": 2, "policies": []}`, "unsupported policy snapshot version 2"},
-		{"version 8", `{"version": 8, "policies": []}`, "unsupported policy snapshot version 8"},
+		{"version 9", `{"version": 9, "policies": []}`, "unsupported policy snapshot version 9"},
 		{"missing version", `{"policies": []}`, "unsupported policy snapshot version 0"},
 		{"unknown field", `{"version": 7, "policies": [], "bogus": true}`, `unknown field "bogus"`},
 		{"unknown nested field", `{"version": 7, "policies": [{"namespace": "a", "ttl": 1}]}`, `unknown field "ttl"`},
@@ -231,6 +251,8 @@ func TestPolicy(t *testing.T) {
 		{"trailing", `{"version": 7} {}`, "trailing data"},
 		{"empty", ``, "empty body"},
 		{"too large", huge, "exceeds 1 MiB"},
+		{"invalid topology", `{"version": 8, "pdTopologies": [{"namespace": "a", "name": "t", "transport": "rdma"}]}`, `transport "rdma"`},
+		{"v8 list at version 7", `{"version": 7, "promptTemplates": [{"namespace": "a", "name": "t", "body": "x"}]}`, "need version 8"},
 	}
 	for _, c := range bad {
 		t.Run("400 "+c.name, func(t *testing.T) {

@@ -232,6 +232,11 @@ func runDifferential(t *testing.T, seed uint64, ops int) {
 	now := int64(1_700_000_000_000_000)
 	var res LookupResult
 	seen := map[Strategy]int{}
+	// The change stream, replayed into its own model, must describe the
+	// index exactly (TestChangesDescribeIndex's randomized form).
+	sub := e.SubscribeChanges(ChangeFilter{}, MaxChangeBuffer)
+	defer sub.Close()
+	replay := newChangeReplay()
 	defer func() {
 		// The random walk must exercise every outcome, or it proves little.
 		if t.Failed() {
@@ -291,8 +296,10 @@ func runDifferential(t *testing.T, seed uint64, ops int) {
 		default:
 			store.Apply(u.policyBody())
 		}
+		replay.drain(t, op, sub)
 		if op%5 == 0 || op == ops-1 {
 			compareState(t, op, e, ref)
+			replay.compare(t, op, ref)
 		}
 	}
 	compareState(t, ops, e, ref)

@@ -150,6 +150,16 @@ type Engine struct {
 	// wrapped lists freed nodes parked by a wrap of their gen's low 16
 	// bits until the cap queue has no record of them (see capRec).
 	wrapped []uint32
+	// subs lists the open change subscriptions (events.go), nil when
+	// there are none: the one test a write makes for the change stream.
+	// Replaced copy-on-write, so a write's tally can keep the list.
+	subs []*Subscription
+	// changeReason is the reason the current write removes entries for
+	// (ReasonEngine, ReasonCap, ...); clearing is set while a producer's
+	// ALL_CLEARED removes a replica's keys, which the change stream
+	// reports as one change.
+	changeReason string
+	clearing     bool
 }
 
 // modelCount is the distinct-key count of one model (writer only).
@@ -238,6 +248,13 @@ type replica struct {
 	schemeKeys []int32
 	// load is the replica's load-aware routing state (load.go).
 	load replicaLoad
+	// placement is where the replica runs for disaggregated serving
+	// (pd.go), nil until a report sets it; replaced under mu, read
+	// lock-free.
+	placement atomic.Pointer[Placement]
+	// announced is set (under mu) once the replica held a key or stats,
+	// so the change stream reports its removal (writer only).
+	announced bool
 }
 
 // statsRecord is an immutable stats payload.

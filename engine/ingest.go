@@ -32,6 +32,12 @@ type pendingMetrics struct {
 	index  [2][2]int // [algorithm][cap, ttl]
 	tenant []tenantEvictions
 	models []modelReport
+	// changes and changeHashes are the write's index changes for the
+	// change stream (events.go), recorded only while Engine.subs is set;
+	// changeSubs is the subscription list they go to (set at unlock).
+	changes      []pendingChange
+	changeHashes []byte
+	changeSubs   []*Subscription
 }
 
 type tenantEvictions struct {
@@ -57,7 +63,7 @@ func (p *pendingMetrics) addTenant(tenant string, n int) {
 }
 
 func (p *pendingMetrics) empty() bool {
-	return p.index == [2][2]int{} && len(p.tenant) == 0 && len(p.models) == 0
+	return p.index == [2][2]int{} && len(p.tenant) == 0 && len(p.models) == 0 && len(p.changes) == 0
 }
 
 // reset empties p, keeping its buffers.
@@ -67,6 +73,7 @@ func (p *pendingMetrics) reset() {
 	p.tenant = p.tenant[:0]
 	clear(p.models)
 	p.models = p.models[:0]
+	p.resetChanges()
 }
 
 // unlockAndReport releases the writer lock and reports the write's metrics.
@@ -101,6 +108,7 @@ func (e *Engine) unlockAndReport() {
 	if e.pending.empty() {
 		return
 	}
+	e.pending.changeSubs = e.subs
 	e.reportMu.Lock()
 	defer e.reportMu.Unlock()
 	e.pending, e.report = e.report, e.pending
@@ -125,6 +133,7 @@ func (e *Engine) unlockAndReport() {
 	for _, m := range p.models {
 		e.metrics.SetIndexEntries(m.model, m.n)
 	}
+	p.publishChanges()
 }
 
 // lockWriter takes the writer lock and adopts the current policy snapshot.
@@ -150,9 +159,19 @@ func (e *Engine) Ingest(u *Update, now int64) IngestResult {
 	snap := e.lockWriter()
 	defer e.unlockAndReport()
 	res := e.ingestLocked(u, now)
-	e.enforceQuotaLocked(snap, u.TenantID, now)
-	e.enforceCapLocked(snap, now)
+	e.enforceLocked(snap, u.TenantID, now)
 	return res
+}
+
+// enforceLocked enforces the tenant's quota, then the entry cap and the
+// byte budget, after a write; the change stream names each as the reason
+// of what it evicts.
+func (e *Engine) enforceLocked(snap *policy.Snapshot, tenant string, now int64) {
+	e.changeReason = ReasonQuota
+	e.enforceQuotaLocked(snap, tenant, now)
+	e.changeReason = ReasonCap
+	e.enforceCapLocked(snap, now)
+	e.changeReason = ""
 }
 
 // BatchItem is one write of IngestBatch: an update or an event (exactly one
@@ -181,8 +200,7 @@ func (e *Engine) IngestBatch(items []BatchItem) {
 			continue
 		}
 		it.Result = e.ingestLocked(it.Update, it.Now)
-		e.enforceQuotaLocked(snap, it.Update.TenantID, it.Now)
-		e.enforceCapLocked(snap, it.Now)
+		e.enforceLocked(snap, it.Update.TenantID, it.Now)
 	}
 }
 
@@ -206,6 +224,9 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 	if r == nil {
 		res.Dropped = len(u.Prefixes)
 		return res
+	}
+	if u.Placement != nil {
+		r.setPlacementLocked(u.Placement)
 	}
 	if hasPrefixes {
 		sch := e.schemeLocked(d, u.HashScheme)
@@ -281,6 +302,7 @@ func (e *Engine) ingestLocked(u *Update, now int64) IngestResult {
 		st.Pressure = clampRate(st.Pressure)
 		r.stats.Store(st)
 		r.liveness.Store(ts)
+		r.announced = true
 		if u.Stats.Load.Reported {
 			e.applyLoadLocked(d, r, u.Stats.Load, u.HashScheme, now)
 			e.updateActivationLocked(d, now)
@@ -418,6 +440,8 @@ func (e *Engine) applyEventLocked(ev *Event, now int64) {
 	if ts == 0 {
 		ts = now
 	}
+	e.changeReason = ReasonEngine
+	defer func() { e.changeReason = "" }()
 	switch ev.Type {
 	case EventReplicaUpdated:
 		if r.stats.Load() != nil {
@@ -450,6 +474,12 @@ func (e *Engine) applyEventLocked(ev *Event, now int64) {
 // drops its stats. It scans the domain's keys: ALL_CLEARED is rare (an
 // engine restart or cache reset), so the index keeps no per-replica key list.
 func (e *Engine) clearReplicaLocked(d *domain, r *replica, now int64) {
+	if e.subs != nil && (r.keys.Load() > 0 || r.stats.Load() != nil) {
+		// One ALL_CLEARED for the replica instead of one eviction per key.
+		e.recordReplicaLocked(EventAllCleared, ReasonEngine, d, r, now)
+		e.clearing = true
+		defer func() { e.clearing = false }()
+	}
 	r.stats.Store(nil)
 	r.load.report.Store(nil)
 	for _, sc := range e.scopesOf(d) {

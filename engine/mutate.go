@@ -172,6 +172,9 @@ func (e *Engine) unregisterLocked(d *domain, r *replica, now int64) bool {
 	if cur, ok := d.byName[r.name]; !ok || cur != r.id {
 		return false
 	}
+	if e.subs != nil && r.announced {
+		e.recordReplicaLocked(EventReplicaRemoved, e.changeReason, d, r, now)
+	}
 	delete(d.byName, r.name)
 	d.freeIDs = append(d.freeIDs, freeID{id: r.id, after: now + replicaQuarantineUs})
 	return true
@@ -245,6 +248,7 @@ func (e *Engine) countHolderLocked(sc *scope, r *replica, delta int64) {
 	}
 	if delta > 0 {
 		r.load.newHolders++
+		r.announced = true
 	}
 	for len(r.schemeKeys) <= sc.sch.index {
 		r.schemeKeys = append(r.schemeKeys, 0)
@@ -377,6 +381,9 @@ func (e *Engine) upsertLocked(sc *scope, r *replica, k *key, hw holderWrite) uin
 		if off = e.newKeyLocked(sc, r, k, slot, hw); off == 0 {
 			return 0
 		}
+		if e.subs != nil {
+			e.recordAddedLocked(sc, r, k, hw)
+		}
 		if hw.ts > r.newest.Load() {
 			r.newest.Store(hw.ts)
 		}
@@ -396,6 +403,9 @@ func (e *Engine) upsertLocked(sc *scope, r *replica, k *key, hw holderWrite) uin
 	if found {
 		h := holderAt(block, idx)
 		oldTs := e.holderTs(h)
+		if e.subs != nil && Tier(e.w(h+hRidTier)>>16) != hw.tier {
+			e.recordAddedLocked(sc, r, k, hw) // a tier change
+		}
 		s := e.beginWrite(off)
 		e.setWord(h+hRidTier, uint32(hw.rid)|uint32(hw.tier)<<16)
 		e.setWord(h+hTokens, uint32(hw.tokens))
@@ -415,6 +425,9 @@ func (e *Engine) upsertLocked(sc *scope, r *replica, k *key, hw holderWrite) uin
 		e.countHolderLocked(sc, r, 1)
 		h := holderAt(e.w(off+nHolders), idx)
 		e.fileCapLocked(sc, off, h, hw.rid, hw.ts)
+		if e.subs != nil {
+			e.recordAddedLocked(sc, r, k, hw)
+		}
 	}
 	if hw.ts > r.newest.Load() {
 		r.newest.Store(hw.ts)
@@ -481,6 +494,9 @@ func (e *Engine) removeHolderLocked(sc *scope, off, idx uint32, now int64) uint1
 	meta := e.w(off + nMeta)
 	block, count := e.w(off+nHolders), metaCount(meta)
 	rid := uint16(e.w(holderAt(block, idx) + hRidTier))
+	if e.subs != nil && !e.clearing {
+		e.recordKeyChangeLocked(EventPrefixEvicted, sc, sc.d.replicaSlots()[rid], off, 0, 0, now)
+	}
 	oldMax := int64(0)
 	q := sc.d.ts.quota
 	if q != nil {

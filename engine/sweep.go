@@ -36,6 +36,7 @@ func (e *Engine) Sweep(now int64) int {
 	)
 	for done := false; !done; {
 		snap := e.lockWriter()
+		e.changeReason = ReasonTTL
 		for budget := sweepChunk; budget > 0; {
 			if sc != nil && sc.dead { // reclaimed by a concurrent Sweep
 				sc, t = nil, nil
@@ -63,6 +64,7 @@ func (e *Engine) Sweep(now int64) int {
 				sc, t = nil, nil
 			}
 		}
+		e.changeReason = ""
 		e.unlockAndReport()
 		if sweepHook != nil && !done {
 			sweepHook()
@@ -123,6 +125,7 @@ func (e *Engine) sweepStats(now int64) {
 	var freed []*replica
 	for i := 0; i < len(domains); {
 		snap := e.lockWriter()
+		e.changeReason = ReasonExpired
 		for budget := sweepChunk; budget > 0 && i < len(domains); i++ {
 			d := domains[i]
 			if d.dead { // reclaimed by a concurrent Sweep
@@ -145,6 +148,7 @@ func (e *Engine) sweepStats(now int64) {
 			e.freeReplicasLocked(d, freed, now)
 			e.maybeReclaimDomainLocked(d)
 		}
+		e.changeReason = ""
 		e.unlockAndReport()
 		if sweepHook != nil && i < len(domains) {
 			sweepHook()

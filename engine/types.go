@@ -135,6 +135,9 @@ type Update struct {
 	// Stats is optional.
 	Stats     *ReplicaStats
 	AdapterID string
+	// Placement, when set, replaces what the index knew of the replica's
+	// role, pool, node and zone (a RoleUnknown keeps the known role).
+	Placement *Placement
 }
 
 // EventType mirrors CacheEvent.Type.
@@ -146,6 +149,9 @@ const (
 	EventPrefixEvicted  EventType = 2
 	EventReplicaUpdated EventType = 3
 	EventAllCleared     EventType = 4
+	// EventReplicaRemoved is reported by the change stream only
+	// (events.go); ApplyEvent ignores it.
+	EventReplicaRemoved EventType = 5
 )
 
 // Event is one CacheEvent. It carries no hash scheme.

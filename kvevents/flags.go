@@ -4,7 +4,33 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
+
+// Placement is where the replica runs for disaggregated prefill/decode
+// (docs/pd.md): every update carries it, so the server knows which pool's
+// candidate the replica is.
+type Placement struct {
+	Role             icv1.ReplicaRole
+	Pool, Node, Zone string
+}
+
+// ParseRole parses --role: "prefill", "decode", "both" (an aggregated
+// engine), or "" (not reported).
+func ParseRole(s string) (icv1.ReplicaRole, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "":
+		return icv1.ReplicaRole_REPLICA_ROLE_UNSPECIFIED, nil
+	case "both":
+		return icv1.ReplicaRole_REPLICA_ROLE_BOTH, nil
+	case "prefill":
+		return icv1.ReplicaRole_REPLICA_ROLE_PREFILL, nil
+	case "decode":
+		return icv1.ReplicaRole_REPLICA_ROLE_DECODE, nil
+	}
+	return 0, fmt.Errorf("cannot parse role %q: want prefill, decode or both", s)
+}
 
 // ParseLoRAAdapters parses --lora-adapter-names: "1=sql,2=chat" maps
 // lora_id 1 to adapter "sql" and 2 to "chat". Empty input gives an empty

@@ -106,6 +106,9 @@ type ForwarderConfig struct {
 	// answer reveals a server restart even while the engine is idle. While
 	// calls fail, it is retried every Heartbeat/4. 0 disables it.
 	Heartbeat time.Duration
+	// Placement is sent with every update (docs/pd.md): the replica's
+	// role, PDTopology pool, node and zone; the zero value sends none.
+	Placement Placement
 
 	Logger  *slog.Logger
 	Metrics *Metrics
@@ -953,6 +956,10 @@ func (f *Forwarder) update(ps []Prefix, tsUS int64, stats *icv1.ReplicaStats) *i
 		HashScheme:  f.cfg.HashScheme,
 		TimestampUs: tsUS,
 		Stats:       stats,
+		Role:        f.cfg.Placement.Role,
+		PdPool:      f.cfg.Placement.Pool,
+		NodeName:    f.cfg.Placement.Node,
+		Zone:        f.cfg.Placement.Zone,
 	}
 	if len(ps) > 0 {
 		entries := make([]icv1.PrefixEntry, len(ps))

@@ -86,6 +86,9 @@ type Config struct {
 	L2 bool
 	// LoRAAdapters maps lora_id to adapter names.
 	LoRAAdapters map[int64]string
+	// Placement is the replica's role, pool, node and zone for
+	// disaggregated serving (--role, --pd-pool, --node-name, --zone).
+	Placement Placement
 	// MaxIndexBlocks bounds the positional index (DefaultMaxIndexBlocks).
 	MaxIndexBlocks int
 
@@ -304,6 +307,7 @@ func New(cfg Config, sink Sink) (*Subscriber, error) {
 		MaxBackoff:      cfg.MaxBackoff,
 		RefreshInterval: cfg.RefreshInterval,
 		Heartbeat:       cfg.Heartbeat,
+		Placement:       cfg.Placement,
 		Logger:          cfg.Logger,
 		Metrics:         m,
 	}, sink, idx)

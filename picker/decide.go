@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/inferencecache/inferencecache/picker/endpoints"
 	"github.com/inferencecache/inferencecache/picker/request"
@@ -33,20 +34,28 @@ type decision struct {
 	// subset hint: the pool's endpoints are).
 	eligible []endpoints.Endpoint
 	dest     string
-	buf      []byte
-	tenant   string
-	model    string
-	outcome  string
-	reason   string
+	// prefill is the prefill endpoint of a disaggregated pick ("" for
+	// none); pd says the pick was made in P/D mode (the prefill header is
+	// then set or removed).
+	prefill string
+	pd      bool
+	buf     []byte
+	tenant  string
+	model   string
+	outcome string
+	reason  string
 
-	lreq pb.LookupRouteRequest
+	lreq  pb.LookupRouteRequest
+	pdreq pb.LookupPDRouteRequest
 }
 
 // reset empties d, keeping its buffers.
 func (d *decision) reset() {
 	d.cands, d.n, d.scored, d.eligible, d.buf = d.cands[:0], 0, d.scored[:0], d.eligible[:0], d.buf[:0]
 	d.dest, d.tenant, d.model, d.outcome, d.reason = "", "", "", "", ""
+	d.prefill, d.pd = "", false
 	d.lreq.Reset()
+	d.pdreq.Reset()
 }
 
 // matchedAt is the lookup's matched tokens for an endpoint address.
@@ -95,6 +104,7 @@ func (p *Picker) decide(s *stream, body []byte, noBody string) *immediateRespons
 	}
 	d.tenant = pool.Tenant
 	d.n, d.scored, d.model = 0, d.scored[:0], ""
+	d.prefill, d.pd = "", p.pd != nil
 	maxN := 1 + p.maxFallbacks
 
 	reason := noBody
@@ -117,6 +127,11 @@ func (p *Picker) decide(s *stream, body []byte, noBody string) *immediateRespons
 			tieKey = conversationKey(r)
 			var toks []uint32
 			toks, reason = p.tokens(s.ctx, m.ModelID, r)
+			if reason == "" && p.pd != nil {
+				if pdReason := p.pickPD(s.ctx, d, pool, m, toks, eligible, s.hasSubset); pdReason != "" {
+					return p.decided(d, OutcomePD, pdReason, start)
+				}
+			}
 			if reason == "" {
 				resp = p.lookupTokens(s.ctx, d, pool, m, toks, !s.hasSubset)
 			}
@@ -163,6 +178,11 @@ func (p *Picker) decide(s *stream, body []byte, noBody string) *immediateRespons
 		}
 		d.add(candidate{ep: ep})
 	}
+	return p.decided(d, outcome, reason, start)
+}
+
+// decided writes d's destination list and records the pick.
+func (p *Picker) decided(d *decision, outcome, reason string, start time.Time) *immediateResponse {
 	d.outcome, d.reason = outcome, reason
 	d.buf = d.buf[:0]
 	for i, c := range d.cands[:d.n] {

@@ -162,6 +162,7 @@ type env struct {
 	ep     extprocv3.ExternalProcessorClient
 	cache  pb.InferenceCacheClient
 	engine *engine.Engine
+	store  *policy.Store
 }
 
 var testEndpoints = []endpoints.Endpoint{
@@ -190,7 +191,7 @@ func newEnv(t testing.TB, mutate func(*picker.Config)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := &env{src: endpoints.NewFixed(testPool(t)), fb: newFeedback(), obs: newObserver(), tok: &byteTokenizer{}, engine: e}
+	env := &env{src: endpoints.NewFixed(testPool(t)), fb: newFeedback(), obs: newObserver(), tok: &byteTokenizer{}, engine: e, store: store}
 	cfg := picker.Config{Source: env.src, Lookup: svc, Tokenizer: env.tok, Feedback: env.fb, Observer: env.obs}
 	if mutate != nil {
 		mutate(&cfg)

@@ -145,6 +145,7 @@ var Picks = [][2]string{
 	{OutcomeFallback, ReasonNoHint}, {OutcomeFallback, ReasonTimeout}, {OutcomeFallback, ReasonUnknownReplicas},
 	{Outcome503, ReasonNoEndpoints}, {Outcome503, ReasonEmptySubset},
 	{Outcome413, ReasonBodyTooLarge}, {Outcome400, ReasonNotJSON},
+	pdPicks[0], pdPicks[1], pdPicks[2],
 }
 
 // Usage results (Observer.Usage).
@@ -211,6 +212,11 @@ type Config struct {
 	// included; 0 means DefaultTokenizeTimeout.
 	TokenizeTimeout time.Duration
 
+	// PD, when set, makes the pool a prefill/decode pool (pd.go): picks
+	// come from LookupPDRoute and carry PrefillHeader. Nil: an aggregated
+	// pool, the header untouched.
+	PD *PDConfig
+
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -234,6 +240,8 @@ type Picker struct {
 	maxFallbacks int
 	tokTimeout   time.Duration
 	now          func() time.Time
+	// pd is Config.PD, nil for an aggregated pool (immutable).
+	pd *PDConfig
 
 	// tokenizeSem holds one token per tokenization in flight; a full
 	// channel sheds the request to the fallback.
@@ -250,11 +258,14 @@ func New(cfg Config) (*Picker, error) {
 	if cfg.Source == nil || cfg.Lookup == nil {
 		return nil, fmt.Errorf("%w: Source and Lookup are required", ErrInvalidConfig)
 	}
+	if cfg.PD != nil && cfg.PD.Lookup == nil {
+		return nil, fmt.Errorf("%w: PD needs a Lookup", ErrInvalidConfig)
+	}
 	p := &Picker{
 		src: cfg.Source, lookup: cfg.Lookup, tok: cfg.Tokenizer,
 		feedback: cfg.Feedback, obs: cfg.Observer, log: cfg.Logger,
 		maxBody: cfg.MaxBodyBytes, maxFallbacks: cfg.MaxFallbacks,
-		tokTimeout: cfg.TokenizeTimeout, now: cfg.Now,
+		tokTimeout: cfg.TokenizeTimeout, now: cfg.Now, pd: cfg.PD,
 		inflight: inflight{m: xsync.NewMapOf[string, *atomic.Int64]()},
 	}
 	if p.feedback == nil {

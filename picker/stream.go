@@ -235,7 +235,7 @@ func (s *stream) route(haveBody bool, reason string, eos bool) (bool, error) {
 		return true, s.sendImmediate(imm.code, imm.reason, imm.msg)
 	}
 	s.start()
-	if err := s.send(s.out.headers(s.d.dest)); err != nil {
+	if err := s.send(s.out.headers(s.d.dest, s.d.pd, s.d.prefill)); err != nil {
 		return true, err
 	}
 	s.phase = phaseRouted
@@ -454,7 +454,10 @@ type outMessages struct {
 	mut        extprocv3.HeaderMutation
 	destOpt    corev3.HeaderValueOption
 	destHV     corev3.HeaderValue
-	setHeaders [1]*corev3.HeaderValueOption
+	prefOpt    corev3.HeaderValueOption
+	prefHV     corev3.HeaderValue
+	setHeaders [2]*corev3.HeaderValueOption
+	removeHdrs [1]string
 	md, mdLB   structpb.Struct
 
 	respHeaders extprocv3.ProcessingResponse_ResponseHeaders
@@ -473,12 +476,26 @@ type outMessages struct {
 // headers is the deferred request headers answer: the destination header
 // (overwriting any the client sent) and the same value in envoy.lb
 // metadata, with the route cache cleared so the new destination counts.
-func (o *outMessages) headers(dest string) *extprocv3.ProcessingResponse {
+// In a P/D pool (pd) it also sets PrefillHeader to prefill, or removes it
+// when prefill is empty.
+func (o *outMessages) headers(dest string, pd bool, prefill string) *extprocv3.ProcessingResponse {
 	o.destHV.Key, o.destHV.RawValue, o.destHV.Value = DestinationHeader, append(o.destHV.RawValue[:0], dest...), ""
 	o.destOpt.Header = &o.destHV
 	o.destOpt.AppendAction = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
 	o.setHeaders[0] = &o.destOpt
-	o.mut.SetHeaders = o.setHeaders[:]
+	o.mut.SetHeaders = o.setHeaders[:1]
+	o.mut.RemoveHeaders = nil
+	switch {
+	case pd && prefill != "":
+		o.prefHV.Key, o.prefHV.RawValue, o.prefHV.Value = PrefillHeader, append(o.prefHV.RawValue[:0], prefill...), ""
+		o.prefOpt.Header = &o.prefHV
+		o.prefOpt.AppendAction = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+		o.setHeaders[1] = &o.prefOpt
+		o.mut.SetHeaders = o.setHeaders[:2]
+	case pd:
+		o.removeHdrs[0] = PrefillHeader
+		o.mut.RemoveHeaders = o.removeHdrs[:]
+	}
 	o.hdrsCommon.HeaderMutation = &o.mut
 	o.hdrsCommon.ClearRouteCache = true
 	o.hdrs.Response = &o.hdrsCommon

@@ -22,7 +22,7 @@ const (
 
 var allShapes = []string{shapeMissing, shapeNull, shapeZero, shapeExplicit}
 
-var acceptedVersions = []int{3, 4, 5, 6, 7}
+var acceptedVersions = []int{3, 4, 5, 6, 7, 8}
 
 // fieldCase describes one optional policy field: how to render it in each
 // shape, what the resolved Tenant holds afterwards for a given version, and
@@ -489,7 +489,7 @@ func TestOlderVersionsNormalizeToV7Shape(t *testing.T) {
 func TestRejectedVersions(t *testing.T) {
 	cases := map[string]string{
 		"v2":      `{"version": 2, "policies": []}`,
-		"v8":      `{"version": 8, "policies": []}`,
+		"v9":      `{"version": 9, "policies": []}`,
 		"missing": `{"policies": [{"namespace": "a"}]}`,
 		"null":    `{"version": null}`,
 		"zero":    `{"version": 0}`,
@@ -506,7 +506,7 @@ func TestRejectedVersions(t *testing.T) {
 				t.Fatalf("err = %v, want ErrUnsupportedVersion", err)
 			}
 			if !strings.Contains(err.Error(), "unsupported policy snapshot version") ||
-				!strings.Contains(err.Error(), "accepted 3 to 7") {
+				!strings.Contains(err.Error(), "accepted 3 to 8") {
 				t.Errorf("message %q does not name the problem", err)
 			}
 		})

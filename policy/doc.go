@@ -1,7 +1,8 @@
 // Package policy holds the cache policy the controller pushes to the server:
-// the /policy wire schema (version 7), its decoding and per-version
-// normalization, and the immutable, fully resolved Snapshot that the index
-// and the LookupRoute handler read on every call.
+// the /policy wire schema (version 8: CachePolicies, CacheTenant quotas,
+// and PDTopologies and PromptTemplates, pd.go), its decoding and
+// per-version normalization, and the immutable, fully resolved Snapshot
+// that the index and the handlers read on every call.
 //
 // Propagation is replace-on-write. The controller always sends the whole
 // cluster's state; Store.Apply builds a new Snapshot from it and swaps it in

@@ -14,12 +14,22 @@ import (
 func resolvedEqual(a, b *Snapshot) bool {
 	return reflect.DeepEqual(a.tenants, b.tenants) &&
 		reflect.DeepEqual(a.quotas, b.quotas) &&
-		a.anyLFU == b.anyLFU
+		a.anyLFU == b.anyLFU &&
+		reflect.DeepEqual(a.nsTopologies, b.nsTopologies) &&
+		sameJSON(a.topologies, b.topologies) && sameJSON(a.templates, b.templates)
+}
+
+// sameJSON compares by encoding, so an empty list and an absent one (the
+// same body through omitempty) compare equal.
+func sameJSON(a, b any) bool {
+	ea, err1 := json.Marshal(a)
+	eb, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && bytes.Equal(ea, eb)
 }
 
 // decodeErrorKnown reports whether err is one of the errors Decode documents.
 func decodeErrorKnown(err error) bool {
-	for _, s := range []error{ErrTooLarge, ErrUnsupportedVersion, ErrTrailingData, ErrEmptyBody} {
+	for _, s := range []error{ErrTooLarge, ErrUnsupportedVersion, ErrTrailingData, ErrEmptyBody, ErrInvalidEntry} {
 		if errors.Is(err, s) {
 			return true
 		}
@@ -39,6 +49,10 @@ func FuzzDecode(f *testing.F) {
 		`{"version": 6, "policies": [{"namespace": "a", "strategy": {"requireChain": true}}]}`,
 		`{"version": 7, "policies": [{"namespace": "a", "eviction": "LFU", "evictionTTL": -1}], "tenants": [{"tenantID": "a", "maxIndexEntries": -1}]}`,
 		`{"version": 8}`,
+		`{"version": 9}`,
+		`{"version": 8, "pdTopologies": [{"namespace": "a", "name": "t", "prefillPools": [{"name": "p", "replicas": 2}], "decodePools": [{"name": "d"}], "transport": "NIXL", "skipPrefillBelowTokens": 0, "kvLocality": "Node"}]}`,
+		`{"version": 8, "promptTemplates": [{"namespace": "a", "name": "t", "body": "{{ s }}", "slots": [{"name": "s", "type": "Stable", "required": true}]}]}`,
+		`{"version": 7, "pdTopologies": [{"namespace": "a", "name": "t"}]}`,
 		`{"version": 7} {}`,
 		``,
 	} {
@@ -93,6 +107,19 @@ func FuzzDecode(f *testing.F) {
 			}
 			if id == ReservedTenantID && tn.HasQuota {
 				t.Fatal("reserved tenant got a quota")
+			}
+		}
+		for k, top := range s1.topologies {
+			if top.SkipBelow < 0 || (top.Locality != LocalityNone && top.Locality != LocalityNode && top.Locality != LocalityZone) {
+				t.Fatalf("topology %s out of range: %+v", k, top)
+			}
+			if s1.Topology(k, "") != top {
+				t.Fatalf("topology %s does not resolve by its key", k)
+			}
+		}
+		for k, tp := range s1.templates {
+			if tp.Body == "" || tp.Revision == "" || (tp.TemplateRevision == "" && len(tp.Revision) != 16) {
+				t.Fatalf("template %s resolved to %+v", k, tp)
 			}
 		}
 	})

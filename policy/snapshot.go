@@ -88,6 +88,11 @@ type Snapshot struct {
 	// anyLFU is true when some tenant evicts by LFU.
 	anyLFU bool
 	body   *Body
+	// topologies and templates are keyed by "namespace/name";
+	// nsTopologies lists each namespace's topology keys in push order.
+	topologies   map[string]*Topology
+	nsTopologies map[string][]string
+	templates    map[string]*Template
 }
 
 var defaultTenant = Defaults
@@ -165,8 +170,88 @@ func Build(b *Body) *Snapshot {
 			s.anyLFU = true
 		}
 	}
+	buildV8(s, b)
 	return s
 }
+
+// buildV8 resolves the version-8 lists: the first entry of a repeated
+// "namespace/name" wins, as for policies.
+func buildV8(s *Snapshot, b *Body) {
+	if len(b.PDTopologies) > 0 {
+		s.topologies = make(map[string]*Topology, len(b.PDTopologies))
+		s.nsTopologies = map[string][]string{}
+	}
+	for i := range b.PDTopologies {
+		p := &b.PDTopologies[i]
+		k := Ref(p.Namespace, p.Name)
+		if _, dup := s.topologies[k]; dup || p.Namespace == "" || p.Name == "" {
+			continue
+		}
+		s.topologies[k] = resolveTopology(p)
+		s.nsTopologies[p.Namespace] = append(s.nsTopologies[p.Namespace], k)
+	}
+	if len(b.PromptTemplates) > 0 {
+		s.templates = make(map[string]*Template, len(b.PromptTemplates))
+	}
+	for i := range b.PromptTemplates {
+		p := &b.PromptTemplates[i]
+		k := Ref(p.Namespace, p.Name)
+		if _, dup := s.templates[k]; dup || p.Namespace == "" || p.Name == "" {
+			continue
+		}
+		t := &Template{PromptTemplate: p, Revision: p.TemplateRevision}
+		if t.Revision == "" {
+			t.Revision = TemplateRevision(p.Body, p.Slots)
+		}
+		s.templates[k] = t
+	}
+}
+
+// Topology returns the PDTopology a request names: ref "namespace/name",
+// or "name" in namespace ns, or empty for the only PDTopology of namespace
+// ns. It returns nil when there is no such topology (or ref is empty and ns
+// has none or several). The result must not be modified.
+func (s *Snapshot) Topology(ref, ns string) *Topology {
+	if ref == "" {
+		if ks := s.nsTopologies[ns]; len(ks) == 1 {
+			return s.topologies[ks[0]]
+		}
+		return nil
+	}
+	return lookupRef(s.topologies, ref, ns)
+}
+
+// Template returns the PromptTemplate named by ref ("namespace/name", or
+// "name" in namespace ns), nil when there is none. The result must not be
+// modified.
+func (s *Snapshot) Template(ref, ns string) *Template {
+	return lookupRef(s.templates, ref, ns)
+}
+
+// lookupRef is m[ResolveRef(ref, ns)] without allocating: a short name's
+// "namespace/name" key is built on the stack (the map index of a []byte
+// conversion does not copy), so a gateway's lookups cost nothing per call.
+func lookupRef[V any](m map[string]*V, ref, ns string) *V {
+	if strings.IndexByte(ref, '/') >= 0 {
+		k, ok := ResolveRef(ref, ns)
+		if !ok {
+			return nil
+		}
+		return m[k]
+	}
+	if ref == "" || ns == "" {
+		return nil
+	}
+	var buf [128]byte
+	key := append(append(append(buf[:0], ns...), '/'), ref...)
+	return m[string(key)]
+}
+
+// Topologies and Templates count the resolved version-8 entries.
+func (s *Snapshot) Topologies() int { return len(s.topologies) }
+
+// Templates: see Topologies.
+func (s *Snapshot) Templates() int { return len(s.templates) }
 
 func resolvePolicy(t *Tenant, p *ResolvedPolicy) {
 	t.HasPolicy = true

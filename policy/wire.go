@@ -12,12 +12,14 @@ import (
 // Schema versions of the /policy body.
 //
 // Version history: 2 added tenants; 3 policies[].eviction; 4
-// minimumMatchedTokens; 5 routingFloorScore; 6 strategy; 7 affinityRouting.
-// Versions 4 to 7 are additive and defaultable, so the server accepts any
-// version in [MinimumAcceptedVersion, PropagationVersion] and normalizes the
-// fields an older body could not have carried.
+// minimumMatchedTokens; 5 routingFloorScore; 6 strategy; 7 affinityRouting;
+// 8 pdTopologies and promptTemplates (pd.go). Versions 4 to 8 are additive
+// and defaultable, so the server accepts any version in
+// [MinimumAcceptedVersion, PropagationVersion] and normalizes the fields an
+// older body could not have carried. The version rule for a controller is
+// VersionFor.
 const (
-	PropagationVersion     = 7
+	PropagationVersion     = 8
 	MinimumAcceptedVersion = 3
 )
 
@@ -46,6 +48,9 @@ type Body struct {
 	Version  int              `json:"version"`
 	Policies []ResolvedPolicy `json:"policies"`
 	Tenants  []ResolvedTenant `json:"tenants,omitempty"`
+	// PDTopologies and PromptTemplates are version 8 (pd.go).
+	PDTopologies    []PDTopology     `json:"pdTopologies,omitempty"`
+	PromptTemplates []PromptTemplate `json:"promptTemplates,omitempty"`
 }
 
 // ResolvedPolicy is one namespace's CachePolicy, flattened by the controller.
@@ -87,9 +92,10 @@ var (
 )
 
 // Decode reads one /policy body from r, rejecting unknown fields, trailing
-// content, bodies over MaxBodyBytes and versions outside
-// [MinimumAcceptedVersion, PropagationVersion], and normalizes the fields an
-// older version could not carry (see Normalize).
+// content, bodies over MaxBodyBytes, versions outside
+// [MinimumAcceptedVersion, PropagationVersion] and version-8 entries that
+// break their schema (ErrInvalidEntry), and normalizes the fields an older
+// version could not carry (see Normalize).
 func Decode(r io.Reader) (*Body, error) {
 	raw, err := io.ReadAll(io.LimitReader(r, MaxBodyBytes+1))
 	if err != nil {
@@ -123,14 +129,18 @@ func decodeBytes(raw []byte) (*Body, error) {
 	if b.Version < MinimumAcceptedVersion || b.Version > PropagationVersion {
 		return nil, fmt.Errorf("%w %d (accepted %d to %d)", ErrUnsupportedVersion, b.Version, MinimumAcceptedVersion, PropagationVersion)
 	}
+	if err := validateV8(&b); err != nil {
+		return nil, err
+	}
 	Normalize(&b)
 	return &b, nil
 }
 
 // Normalize fills the fields that a body of an older schema version could not
 // have carried, so the stored shape is the same whichever side of a rollout
-// the body came from. Version 7 bodies are left exactly as written, so an
-// explicit opt-out (0, false) survives.
+// the body came from. Version 7 and 8 bodies are left exactly as written,
+// so an explicit opt-out (0, false) survives. (The version-8 lists need no
+// normalization: an older body cannot carry them, and absent means none.)
 //
 //	v < 4: minimumMatchedTokens 0 -> 64
 //	v < 5: nil routingFloorScore -> 0.1

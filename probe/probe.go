@@ -21,6 +21,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -56,7 +57,8 @@ type Index interface {
 var _ Index = (*engine.Engine)(nil)
 
 // T2Prober runs a tier-2 put/get round trip for a backend. The production
-// server wires none, so stage t2 reports skipped there.
+// server wires RemoteT2 (t2.go), which probes the backend's remote tier
+// when the request names one. ErrNoRemoteTier from it means skipped.
 type T2Prober interface {
 	ProbeT2(ctx context.Context, req controlapi.ProbeRequest) error
 }
@@ -280,12 +282,17 @@ func (r *run) routing(context.Context) (bool, error) {
 	return true, nil
 }
 
-// tier2 is stage C: only for LMCache (or unset) backends with a T2Prober.
+// tier2 is stage C, with a T2Prober: for a backend whose remote tier the
+// request names (T2Endpoint), or an LMCache (or unset) backend. A prober
+// that finds nothing to probe (ErrNoRemoteTier) skips it.
 func (r *run) tier2(ctx context.Context) (bool, error) {
-	if r.p.t2 == nil || (r.req.BackendType != "" && r.req.BackendType != backendTypeLMCache) {
+	if r.p.t2 == nil || (r.req.T2Endpoint == "" && r.req.BackendType != "" && r.req.BackendType != backendTypeLMCache) {
 		return false, nil
 	}
 	if err := r.p.t2.ProbeT2(ctx, r.req); err != nil {
+		if errors.Is(err, ErrNoRemoteTier) {
+			return false, nil
+		}
 		return false, fmt.Errorf("probe: tier-2 round trip failed: %w", err)
 	}
 	return true, nil

@@ -446,7 +446,7 @@ func (u *updateMsg) decode() bool {
 		b = b[n:]
 		var ok bool
 		switch {
-		case typ == protowire.BytesType && (num == 1 || num == 2 || num == 3 || num == 4 || num == 8):
+		case typ == protowire.BytesType && (num == 1 || num == 2 || num == 3 || num == 4 || num == 8 || num == 10 || num == 11 || num == 12):
 			var v []byte
 			if v, b, ok = field(b); !ok {
 				return false
@@ -464,6 +464,12 @@ func (u *updateMsg) decode() bool {
 				m.TenantId = s
 			case 4:
 				m.HashScheme = s
+			case 10:
+				m.PdPool = s
+			case 11:
+				m.NodeName = s
+			case 12:
+				m.Zone = s
 			default:
 				m.AdapterId = s
 			}
@@ -473,6 +479,12 @@ func (u *updateMsg) decode() bool {
 				return false
 			}
 			m.TimestampUs = int64(x)
+		case typ == protowire.VarintType && num == 9:
+			var x uint64
+			if x, b, ok = varint(b); !ok {
+				return false
+			}
+			m.Role = pb.ReplicaRole(int32(x)) // as proto: an open enum, truncated
 		case typ == protowire.BytesType && num == 6:
 			var v []byte
 			if v, b, ok = field(b); !ok {

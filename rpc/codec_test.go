@@ -59,6 +59,18 @@ func codecSeeds() [][]byte {
 		protowire.AppendBytes(protowire.AppendTag(nil, 7, protowire.BytesType), bytes.Repeat([]byte{7}, 200)),
 		protowire.AppendBytes(protowire.AppendTag(nil, 7, protowire.BytesType), h(5))[:6],
 	)
+	// Placement for disaggregated serving (docs/pd.md), a role this server
+	// does not know among them (seeds 14 and 15).
+	for _, m := range []proto.Message{
+		&pb.CacheStateUpdate{ReplicaId: "r3", ModelId: "llama", TenantId: "team", Role: pb.ReplicaRole_REPLICA_ROLE_PREFILL, PdPool: "prefill", NodeName: "node-1", Zone: "zone-a"},
+		&pb.CacheStateUpdate{ReplicaId: "r4", Role: pb.ReplicaRole(-9), Stats: &pb.ReplicaStats{}},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, b)
+	}
 	return out
 }
 
@@ -148,7 +160,7 @@ func TestCodecFallsBackToProto(t *testing.T) {
 			t.Errorf("LookupRouteRequest seed %d: fast path %v, want %v", i, got, fast)
 		}
 	}
-	for i, fast := range map[int]bool{2: true, 3: true} {
+	for i, fast := range map[int]bool{2: true, 3: true, 14: true, 15: true} {
 		upd.buf = seeds[i]
 		if got := upd.decode(); got != fast {
 			t.Errorf("CacheStateUpdate seed %d: fast path %v, want %v", i, got, fast)

@@ -18,12 +18,11 @@ import (
 )
 
 // TestIDRuleEveryMethod pins the one id rule of docs/wire.md on every
-// method, over a real gRPC server: the methods the contract makes fail-open
-// (LookupRoute and its stream, and the stubs RenderTemplate, LookupPDRoute,
-// StreamCacheEvents, StreamMetrics) answer a request with an id over
-// MaxIDBytes exactly as they answer any request, never with an error; every
-// other method (GetCacheState, ReportCacheState, PublishEvent) refuses it
-// with InvalidArgument naming the field and the limit.
+// method, over a real gRPC server: the lookups (LookupRoute and its stream,
+// LookupPDRoute) fail open with NO_HINT; RenderTemplate answers
+// TEMPLATE_NOT_FOUND naming the limit; every other method (StreamCacheEvents,
+// GetCacheState, ReportCacheState, PublishEvent) refuses it with
+// InvalidArgument.
 func TestIDRuleEveryMethod(t *testing.T) {
 	env := newEnv(t, envOpts{})
 	env.seed(t, "team")
@@ -88,19 +87,19 @@ func TestIDRuleEveryMethod(t *testing.T) {
 			t.Fatalf("LookupPDRoute: %v, %v; want NO_HINT", resp, err)
 		}
 	})
-	t.Run("RenderTemplate fails open", func(t *testing.T) {
+	t.Run("RenderTemplate: not found, the limit named", func(t *testing.T) {
 		resp, err := env.client.RenderTemplate(ctx(t), &pb.RenderTemplateRequest{TenantId: huge, TemplateRef: "ns/t"})
-		if err != nil || resp.GetReasonCode() != rpc.ReasonOK {
-			t.Fatalf("RenderTemplate: %v, %v; want OK", resp, err)
+		if err != nil || resp.GetReasonCode() != rpc.ReasonTemplateNotFound || !strings.Contains(resp.GetMessage(), "id limit") || strings.Contains(resp.GetMessage(), huge) {
+			t.Fatalf("RenderTemplate: %v, %v; want TEMPLATE_NOT_FOUND naming the limit, not the id", resp, err)
 		}
 	})
-	t.Run("StreamCacheEvents fails open", func(t *testing.T) {
+	t.Run("StreamCacheEvents: InvalidArgument before the stream starts", func(t *testing.T) {
 		st, err := env.client.StreamCacheEvents(ctx(t), &pb.StreamEventsRequest{TenantId: huge, ModelId: huge})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := st.Recv(); !errors.Is(err, io.EOF) {
-			t.Fatalf("StreamCacheEvents: %v; want the stream closed at once (EOF)", err)
+		if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("StreamCacheEvents: %v; want InvalidArgument", err)
 		}
 	})
 }

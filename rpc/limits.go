@@ -1,14 +1,13 @@
 package rpc
 
-// The id rule (docs/wire.md, "Ids over 1024 bytes"): the methods the
-// contract makes fail-open answer a request with an id over MaxIDBytes as
-// they answer any request, never with an error: LookupRoute and
-// LookupRouteStream answer NO_HINT before reading the index (contract §2:
-// a lookup fails open), and the stubs (RenderTemplate, LookupPDRoute,
-// StreamCacheEvents, StreamMetrics; contract §1, "fail-open stubs") give
-// their fixed answers. Every other method refuses it with InvalidArgument
-// naming the field and the limit: ReportCacheState and PublishEvent (which
-// write the index) and GetCacheState (which reads it by id).
+// The id rule (docs/wire.md, "Ids over 1024 bytes"): the lookups fail open
+// and never answer an error: LookupRoute, LookupRouteStream and
+// LookupPDRoute answer NO_HINT before reading the index (contract §2: a
+// lookup fails open). RenderTemplate answers TEMPLATE_NOT_FOUND naming the
+// limit. Every other method refuses it with InvalidArgument naming the
+// field and the limit: ReportCacheState and PublishEvent (which write the
+// index), GetCacheState (which reads it by id) and StreamCacheEvents (a
+// filter on an id the index cannot hold).
 
 import (
 	"strconv"
@@ -60,6 +59,9 @@ func updateOversizedID(m *pb.CacheStateUpdate) oversizedID {
 		checkID("replica_id", m.GetReplicaId()),
 		checkID("hash_scheme", m.GetHashScheme()),
 		checkID("adapter_id", m.GetAdapterId()),
+		checkID("pd_pool", m.GetPdPool()),
+		checkID("node_name", m.GetNodeName()),
+		checkID("zone", m.GetZone()),
 	} {
 		if o.found() {
 			return o

@@ -117,9 +117,24 @@ func (s *Service) clampTimestamp(ts, now int64, rpc string) int64 {
 // memory between calls. The result aliases the message's slices and is valid
 // until the next convert.
 type updateConverter struct {
-	u        engine.Update
-	prefixes []engine.PrefixEntry
-	stats    engine.ReplicaStats
+	u         engine.Update
+	prefixes  []engine.PrefixEntry
+	stats     engine.ReplicaStats
+	placement engine.Placement
+}
+
+// roleFromWire maps a ReplicaRole; UNSPECIFIED and values this server does
+// not know keep what the index knows (engine.RoleUnknown).
+func roleFromWire(r pb.ReplicaRole) engine.Role {
+	switch r {
+	case pb.ReplicaRole_REPLICA_ROLE_BOTH:
+		return engine.RoleBoth
+	case pb.ReplicaRole_REPLICA_ROLE_PREFILL:
+		return engine.RolePrefill
+	case pb.ReplicaRole_REPLICA_ROLE_DECODE:
+		return engine.RoleDecode
+	}
+	return engine.RoleUnknown
 }
 
 func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
@@ -146,6 +161,11 @@ func (c *updateConverter) convert(m *pb.CacheStateUpdate) *engine.Update {
 		TimestampUs: m.GetTimestampUs(),
 		Prefixes:    ps,
 		AdapterID:   m.GetAdapterId(),
+	}
+	if m.GetRole() != pb.ReplicaRole_REPLICA_ROLE_UNSPECIFIED || m.GetPdPool() != "" || m.GetNodeName() != "" || m.GetZone() != "" {
+		// A report that places the replica (docs/pd.md).
+		c.placement = engine.Placement{Role: roleFromWire(m.GetRole()), Pool: m.GetPdPool(), Node: m.GetNodeName(), Zone: m.GetZone()}
+		c.u.Placement = &c.placement
 	}
 	if st := m.GetStats(); st != nil {
 		// client_version is accepted and not stored; the index clamps

@@ -1,12 +1,14 @@
 package rpc_test
 
 import (
-	"errors"
-	"io"
+	"context"
 	"math"
 	"slices"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/inferencecache/inferencecache/engine"
 	"github.com/inferencecache/inferencecache/policy"
@@ -199,30 +201,42 @@ func TestGetCacheState(t *testing.T) {
 	}
 }
 
-// TestStubs: the fail-open stubs of contract §1.
-func TestStubs(t *testing.T) {
+// TestFormerStubs: what the contract's stubs (§1) answer now on a server
+// with no topology, no template and no metrics source (the full behavior
+// is tested end to end in package server).
+func TestFormerStubs(t *testing.T) {
 	env := newEnv(t, envOpts{})
 	rt, err := env.client.RenderTemplate(ctx(t), &pb.RenderTemplateRequest{TemplateRef: "ns/x"})
-	if err != nil || rt.GetReasonCode() != rpc.ReasonOK || len(rt.GetRenderedPrompt()) != 0 || len(rt.GetStablePrefixHash()) != 0 {
+	if err != nil || rt.GetReasonCode() != rpc.ReasonTemplateNotFound || len(rt.GetRenderedPrompt()) != 0 || rt.GetMessage() == "" {
 		t.Fatalf("RenderTemplate: %v, %v", rt, err)
 	}
 	pd, err := env.client.LookupPDRoute(ctx(t), &pb.LookupPDRouteRequest{ModelId: model})
 	if err != nil || pd.GetReasonCode() != rpc.ReasonNoHint || pd.GetPrefillReplicaId() != "" {
-		t.Fatalf("LookupPDRoute: %v, %v", pd, err)
+		t.Fatalf("LookupPDRoute without a tenant: %v, %v", pd, err)
 	}
-	es, err := env.client.StreamCacheEvents(ctx(t), &pb.StreamEventsRequest{})
+	pd, err = env.client.LookupPDRoute(ctx(t), &pb.LookupPDRouteRequest{TenantId: "team", ModelId: model, PdTopologyRef: "pd"})
+	if err != nil || pd.GetReasonCode() != rpc.ReasonUnknownTopology {
+		t.Fatalf("LookupPDRoute without a topology: %v, %v", pd, err)
+	}
+	// The event stream stays open (nothing changes) until the client goes.
+	sctx, cancel := context.WithCancel(ctx(t))
+	es, err := env.client.StreamCacheEvents(sctx, &pb.StreamEventsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := es.Recv(); !errors.Is(err, io.EOF) {
-		t.Fatalf("StreamCacheEvents: %v, want EOF", err)
+	if md, err := es.Header(); err != nil || len(md.Get(rpc.StreamReadyHeader)) != 1 {
+		t.Fatalf("StreamCacheEvents header %v, %v", md, err)
+	}
+	cancel()
+	if _, err := es.Recv(); status.Code(err) != codes.Canceled {
+		t.Fatalf("StreamCacheEvents after cancel: %v", err)
 	}
 	ms, err := env.client.StreamMetrics(ctx(t), &pb.StreamMetricsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ms.Recv(); !errors.Is(err, io.EOF) {
-		t.Fatalf("StreamMetrics: %v, want EOF", err)
+	if _, err := ms.Recv(); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("StreamMetrics without a source: %v, want UNIMPLEMENTED", err)
 	}
 	// An empty ReportCacheState stream is acknowledged too.
 	env.report(t)

@@ -1,10 +1,10 @@
 // Package rpc is the server side of the gRPC contract
 // (inferencecache.v1alpha1.InferenceCache, generated into rpc/gen): the
-// Service that answers gateways (LookupRoute, GetCacheState) and engine-side
-// producers (ReportCacheState, PublishEvent) from the index, plus the
-// fail-open stubs the contract still ships (RenderTemplate, LookupPDRoute,
-// StreamCacheEvents, StreamMetrics). Contract: shared/spec/contract.md §1,
-// §2 and §3.6–3.9.
+// Service that answers gateways (LookupRoute, LookupPDRoute, RenderTemplate,
+// GetCacheState) and engine-side producers (ReportCacheState, PublishEvent)
+// from the index and the policy snapshot, and observers (StreamCacheEvents,
+// StreamMetrics). Contract: shared/spec/contract.md §1, §2 and §3.6–3.9;
+// our additions: docs/wire.md and docs/pd.md.
 //
 // Every lookup fails open: a gRPC error is never returned on the request
 // path; the worst answer is an empty replica_scores with a reason code.
@@ -56,7 +56,7 @@ const (
 	ReasonUnknownTenant       = "UNKNOWN_TENANT"
 	ReasonUnknownModel        = "UNKNOWN_MODEL"
 	ReasonUnknownHashScheme   = "UNKNOWN_HASH_SCHEME"
-	// ReasonOK is RenderTemplate's code.
+	// ReasonOK is RenderTemplate's success (template.go has the others).
 	ReasonOK = "OK"
 )
 
@@ -98,6 +98,11 @@ type Index interface {
 	Ingest(u *engine.Update, now int64) engine.IngestResult
 	ApplyEvent(ev *engine.Event, now int64)
 	ModelState(tenant, model string) ([]engine.ReplicaStatsView, int64)
+	// PickPD and NotePDRouted serve LookupPDRoute (docs/pd.md).
+	PickPD(req *engine.PDRequest, now int64, res *engine.PDResult)
+	NotePDRouted(res *engine.PDResult, now int64)
+	// SubscribeChanges serves StreamCacheEvents.
+	SubscribeChanges(f engine.ChangeFilter, buffer int) *engine.Subscription
 }
 
 var _ Index = (*engine.Engine)(nil)
@@ -154,6 +159,21 @@ type Config struct {
 	// Producer records producer-side anomalies (clamped timestamps); nil
 	// records nothing.
 	Producer ProducerObserver
+
+	// TemplateTokenizer tokenizes RenderTemplate's stable prefix; nil
+	// hashes the text.
+	TemplateTokenizer TemplateTokenizer
+	// Metrics serves StreamMetrics; nil refuses it (UNIMPLEMENTED).
+	Metrics MetricsSource
+	// Features records LookupPDRoute, RenderTemplate and the streams; nil
+	// records nothing.
+	Features FeatureObserver
+	// MaxStreams bounds the StreamCacheEvents and the StreamMetrics
+	// streams open at once, each; 0 means DefaultMaxStreams.
+	MaxStreams int
+	// EventBuffer is each StreamCacheEvents subscriber's buffer in events;
+	// 0 means DefaultEventBuffer.
+	EventBuffer int
 }
 
 // ProducerObserver records what the producer handlers correct in their
@@ -238,6 +258,22 @@ type Service struct {
 	// lookupUnary is serveLookupUnary as a method value, made once so the
 	// pooled handler passes it to interceptors without allocating.
 	lookupUnary grpc.UnaryHandler
+
+	// The additions of docs/pd.md and docs/wire.md: immutable after
+	// NewService but for templates (its own lock) and the atomics.
+	features    FeatureObserver
+	templateTok TemplateTokenizer
+	metricsSrc  MetricsSource
+	maxStreams  int
+	eventBuffer int
+	templates   templateCache
+	// eventStreams and metricStreams count the observer streams open
+	// (added to on entry and exit); drainCh is closed once by Drain and
+	// ends them; lastStreamLog rate-limits their WARN (UnixNano, CAS).
+	eventStreams, metricStreams atomic.Int64
+	drainCh                     chan struct{}
+	drainOnce                   sync.Once
+	lastStreamLog               atomic.Int64
 }
 
 var _ pb.InferenceCacheServer = (*Service)(nil)
@@ -253,6 +289,8 @@ func NewService(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("%w: negative block size %d", ErrInvalidConfig, cfg.BlockSize)
 	case cfg.MaxClockSkew < 0:
 		return nil, fmt.Errorf("%w: negative max clock skew %v", ErrInvalidConfig, cfg.MaxClockSkew)
+	case cfg.MaxStreams < 0 || cfg.EventBuffer < 0:
+		return nil, fmt.Errorf("%w: negative stream limit %d or event buffer %d", ErrInvalidConfig, cfg.MaxStreams, cfg.EventBuffer)
 	}
 	s := &Service{
 		index:       cfg.Index,
@@ -267,6 +305,21 @@ func NewService(cfg Config) (*Service, error) {
 		producer:    cfg.Producer,
 		skewUS:      cfg.MaxClockSkew.Microseconds(),
 		tokenizeSem: make(chan struct{}, MaxConcurrentTokenize),
+		features:    cfg.Features,
+		templateTok: cfg.TemplateTokenizer,
+		metricsSrc:  cfg.Metrics,
+		maxStreams:  cfg.MaxStreams,
+		eventBuffer: cfg.EventBuffer,
+		drainCh:     make(chan struct{}),
+	}
+	if s.features == nil {
+		s.features = nopFeatures{}
+	}
+	if s.maxStreams == 0 {
+		s.maxStreams = DefaultMaxStreams
+	}
+	if s.eventBuffer == 0 {
+		s.eventBuffer = DefaultEventBuffer
 	}
 	if s.skewUS <= 0 {
 		s.skewUS = DefaultMaxClockSkew.Microseconds()
@@ -331,9 +384,14 @@ var errDrainingStream = status.Error(codes.Unavailable, "server draining: reopen
 // Drain tells the service the server is shutting down: every lookup stream
 // ends with UNAVAILABLE after its next answer, so gateways move their
 // streams to a ready server instead of holding this one's GracefulStop until
-// the drain timeout. A stream that stays idle ends with the server's hard
-// stop. Unary calls and report streams are not affected.
-func (s *Service) Drain() { s.draining.Store(true) }
+// the drain timeout (a lookup stream that stays idle ends with the server's
+// hard stop), and the observer streams (StreamCacheEvents, StreamMetrics)
+// end with UNAVAILABLE at once. Unary calls and report streams are not
+// affected.
+func (s *Service) Drain() {
+	s.draining.Store(true)
+	s.drainOnce.Do(func() { close(s.drainCh) })
+}
 
 // LookupRouteStream answers each request on the stream, in order, with what
 // LookupRoute gives it. This is the generated interface's method, used when
@@ -347,23 +405,3 @@ func (s *Service) LookupRouteStream(stream pb.InferenceCache_LookupRouteStreamSe
 
 // LookupStreamsOpen returns how many LookupRouteStream streams are open.
 func (s *Service) LookupStreamsOpen() int64 { return s.lookupStreams.Load() }
-
-// RenderTemplate is a stub: OK with empty bytes (contract §1).
-func (*Service) RenderTemplate(context.Context, *pb.RenderTemplateRequest) (*pb.RenderTemplateResponse, error) {
-	return &pb.RenderTemplateResponse{ReasonCode: ReasonOK}, nil
-}
-
-// LookupPDRoute is a stub: NO_HINT (contract §1).
-func (*Service) LookupPDRoute(context.Context, *pb.LookupPDRouteRequest) (*pb.LookupPDRouteResponse, error) {
-	return &pb.LookupPDRouteResponse{ReasonCode: ReasonNoHint}, nil
-}
-
-// StreamCacheEvents is a stub: the stream closes at once (contract §1).
-func (*Service) StreamCacheEvents(*pb.StreamEventsRequest, pb.InferenceCache_StreamCacheEventsServer) error {
-	return nil
-}
-
-// StreamMetrics is a stub: the stream closes at once (contract §1).
-func (*Service) StreamMetrics(*pb.StreamMetricsRequest, pb.InferenceCache_StreamMetricsServer) error {
-	return nil
-}

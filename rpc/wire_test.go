@@ -60,12 +60,16 @@ var wireFields = []fieldSpec{
 	{"RenderTemplateRequest", "template_ref", 1, str, false, "", upstream},
 	{"RenderTemplateRequest", "variables", 2, msgk, true, "map<string,string>", upstream},
 	{"RenderTemplateRequest", "tenant_id", 3, str, false, "", upstream},
+	{"RenderTemplateRequest", "model_id", 4, str, false, "", extension},
 
 	{"RenderTemplateResponse", "rendered_prompt", 1, byt, false, "", upstream},
 	{"RenderTemplateResponse", "stable_prefix_hash", 2, byt, false, "", upstream},
 	{"RenderTemplateResponse", "tenant_namespace", 3, byt, false, "", upstream},
 	{"RenderTemplateResponse", "reason_code", 4, str, false, "", upstream},
 	{"RenderTemplateResponse", "template_revision", 5, str, false, "", upstream},
+	{"RenderTemplateResponse", "stable_prefix_tokens", 6, i32, false, "", extension},
+	{"RenderTemplateResponse", "token_ids", 7, u32, true, "", extension},
+	{"RenderTemplateResponse", "message", 8, str, false, "", extension},
 
 	{"SLO", "ttft_ms", 1, i32, false, "", upstream},
 	{"SLO", "tbt_ms", 2, i32, false, "", upstream},
@@ -100,11 +104,20 @@ var wireFields = []fieldSpec{
 	{"LookupPDRouteRequest", "prefix_hash", 3, byt, false, "", upstream},
 	{"LookupPDRouteRequest", "prefix_token_count", 4, i32, false, "", upstream},
 	{"LookupPDRouteRequest", "pd_topology_ref", 5, str, false, "", upstream},
+	{"LookupPDRouteRequest", "hash_scheme", 6, str, false, "", extension},
+	{"LookupPDRouteRequest", "block_hashes", 7, byt, true, "", extension},
+	{"LookupPDRouteRequest", "block_token_counts", 8, i32, true, "", extension},
+	{"LookupPDRouteRequest", "token_ids", 9, u32, true, "", extension},
+	{"LookupPDRouteRequest", "adapter_id", 10, str, false, "", extension},
 
 	{"LookupPDRouteResponse", "prefill_replica_id", 1, str, false, "", upstream},
 	{"LookupPDRouteResponse", "decode_replica_id", 2, str, false, "", upstream},
 	{"LookupPDRouteResponse", "transport_hint", 3, str, false, "", upstream},
 	{"LookupPDRouteResponse", "reason_code", 4, str, false, "", upstream},
+	{"LookupPDRouteResponse", "prefill_matched_tokens", 5, i32, false, "", extension},
+	{"LookupPDRouteResponse", "decode_matched_tokens", 6, i32, false, "", extension},
+	{"LookupPDRouteResponse", "uncached_tokens", 7, i32, false, "", extension},
+	{"LookupPDRouteResponse", "lookup_latency_us", 8, i64, false, "", extension},
 
 	{"GetCacheStateRequest", "model_id", 1, str, false, "", upstream},
 	{"GetCacheStateRequest", "tenant_id", 2, str, false, "", upstream},
@@ -123,6 +136,10 @@ var wireFields = []fieldSpec{
 	{"CacheStateUpdate", "prefixes", 6, msgk, true, "PrefixEntry", upstream},
 	{"CacheStateUpdate", "stats", 7, msgk, false, "ReplicaStats", upstream},
 	{"CacheStateUpdate", "adapter_id", 8, str, false, "", upstream},
+	{"CacheStateUpdate", "role", 9, enm, false, "ReplicaRole", extension},
+	{"CacheStateUpdate", "pd_pool", 10, str, false, "", extension},
+	{"CacheStateUpdate", "node_name", 11, str, false, "", extension},
+	{"CacheStateUpdate", "zone", 12, str, false, "", extension},
 
 	{"PrefixEntry", "prefix_hash", 1, byt, false, "", upstream},
 	{"PrefixEntry", "token_count", 2, i32, false, "", upstream},
@@ -149,12 +166,17 @@ var wireFields = []fieldSpec{
 	{"CacheEvent", "prefix_hash", 5, byt, false, "", upstream},
 	{"CacheEvent", "timestamp_us", 6, i64, false, "", upstream},
 	{"CacheEvent", "adapter_id", 7, str, false, "", upstream},
+	{"CacheEvent", "reason", 8, str, false, "", extension},
+	{"CacheEvent", "hash_scheme", 9, str, false, "", extension},
+	{"CacheEvent", "token_count", 10, i32, false, "", extension},
+	{"CacheEvent", "tier", 11, enm, false, "CacheTier", extension},
 
 	{"StreamEventsRequest", "model_id", 1, str, false, "", upstream},
 	{"StreamEventsRequest", "tenant_id", 2, str, false, "", upstream},
 	{"StreamEventsRequest", "types", 3, enm, true, "CacheEvent.Type", upstream},
 
 	{"StreamMetricsRequest", "names", 1, str, true, "", upstream},
+	{"StreamMetricsRequest", "interval_ms", 2, i32, false, "", extension},
 
 	{"Metric", "name", 1, str, false, "", upstream},
 	{"Metric", "type", 2, str, false, "", upstream},
@@ -183,6 +205,14 @@ var wireEnums = []enumSpec{
 	{"CacheEvent.Type", "PREFIX_EVICTED", 2},
 	{"CacheEvent.Type", "REPLICA_UPDATED", 3},
 	{"CacheEvent.Type", "ALL_CLEARED", 4},
+	// Ours, streamed only (docs/wire.md).
+	{"CacheEvent.Type", "REPLICA_REMOVED", 5},
+
+	// Ours (docs/pd.md).
+	{"ReplicaRole", "REPLICA_ROLE_UNSPECIFIED", 0},
+	{"ReplicaRole", "REPLICA_ROLE_BOTH", 1},
+	{"ReplicaRole", "REPLICA_ROLE_PREFILL", 2},
+	{"ReplicaRole", "REPLICA_ROLE_DECODE", 3},
 }
 
 type methodSpec struct {

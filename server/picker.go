@@ -63,6 +63,11 @@ type PickerConfig struct {
 	// Tokenizer, when set, replaces the one of --tokenizer-dir (tests
 	// and the demo).
 	Tokenizer picker.Tokenizer
+	// PD makes the pool a prefill/decode pool (--ext-proc-pd, docs/pd.md):
+	// picks come from LookupPDRoute for PDTopology, the prefill endpoint
+	// in x-prefiller-host-port.
+	PD         bool
+	PDTopology string
 }
 
 // The picker tokenizes with the --tokenizer-dir and tells the index what it
@@ -130,9 +135,13 @@ func (s *Server) newPicker(dir *modeldir.Dir) (*pickerServer, error) {
 		}
 		ps.pk.Inflight(func(ep endpoints.Endpoint, n int64) { fn(ep.Address, ep.ReplicaID, n) })
 	})
+	var pd *picker.PDConfig
+	if pc.PD {
+		pd = &picker.PDConfig{Lookup: s.service, Topology: pc.PDTopology}
+	}
 	ps.pk, err = picker.New(picker.Config{
 		Source: pc.Source, Lookup: s.service, Tokenizer: tok, Feedback: fb, Observer: obs, Logger: s.log,
-		MaxBodyBytes: pc.MaxBodyBytes, MaxFallbacks: pc.MaxFallbacks,
+		MaxBodyBytes: pc.MaxBodyBytes, MaxFallbacks: pc.MaxFallbacks, PD: pd,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

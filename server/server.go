@@ -160,7 +160,8 @@ type Config struct {
 	// WrapIndex, when set, wraps the index the gRPC service reads (tests
 	// inject slow or failing lookups with it).
 	WrapIndex func(rpc.Index) rpc.Index
-	// T2 is the probe's tier-2 prober; production wires none.
+	// T2 is the probe's tier-2 prober; nil means probe.RemoteT2 (a put/get
+	// round trip against the remote tier a /probe request names).
 	T2 probe.T2Prober
 
 	// wrapHTTP, set only by tests (export_test.go), wraps each HTTP
@@ -179,6 +180,12 @@ type Config struct {
 	// Picker is the endpoint picker for gateways (picker.go,
 	// docs/gateway.md).
 	Picker PickerConfig
+
+	// MaxObserverStreams bounds the StreamCacheEvents streams, and the
+	// StreamMetrics streams, open at once (0: rpc.DefaultMaxStreams);
+	// EventStreamBuffer is each StreamCacheEvents subscriber's buffer in
+	// events (0: rpc.DefaultEventBuffer).
+	MaxObserverStreams, EventStreamBuffer int
 }
 
 // DefaultConfig returns the production defaults (auth enabled, so
@@ -306,6 +313,7 @@ func New(cfg Config) (*Server, error) {
 	s.metrics.RegisterLoads(s.engine.Loads)
 	s.metrics.DeclareDropReasons(rpc.DropReasons...)
 	var tok rpc.Tokenizer
+	var ttok rpc.TemplateTokenizer
 	var dir *modeldir.Dir
 	if cfg.TokenizerDir != "" {
 		dir, err = modeldir.New(modeldir.Config{
@@ -318,11 +326,18 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("%w: --tokenizer-dir: %w", ErrInvalidConfig, err)
 		}
 		tok = dir
+		ttok = promptTokenizer{dir}
 	}
 	var idx rpc.Index = s.engine
 	if cfg.WrapIndex != nil {
 		idx = cfg.WrapIndex(idx)
 	}
+	features := s.metrics.RegisterFeatures(rpc.PDReasons, rpc.RenderReasons, streamNames, rpc.StreamOutcomes, func(stream string) int64 {
+		if stream == rpc.StreamMetricsName {
+			return s.service.MetricStreamsOpen()
+		}
+		return s.service.EventStreamsOpen()
+	})
 	s.service, err = rpc.NewService(rpc.Config{
 		Index:     idx,
 		Policies:  s.policies,
@@ -335,6 +350,12 @@ func New(cfg Config) (*Server, error) {
 		InstanceID:   id,
 		MaxClockSkew: cfg.MaxClockSkew,
 		Producer:     s.metrics,
+
+		TemplateTokenizer: ttok,
+		MaxStreams:        cfg.MaxObserverStreams,
+		EventBuffer:       cfg.EventStreamBuffer,
+		Metrics:           gatherSamples{s.metrics.Registry()},
+		Features:          features,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the gRPC service: %w", err)
@@ -343,7 +364,11 @@ func New(cfg Config) (*Server, error) {
 	if s.picker, err = s.newPicker(dir); err != nil {
 		return nil, err
 	}
-	s.prober = probe.New(probe.Config{Index: s.engine, T2: cfg.T2, Logger: log})
+	t2 := cfg.T2
+	if t2 == nil {
+		t2 = probe.RemoteT2{}
+	}
+	s.prober = probe.New(probe.Config{Index: s.engine, T2: t2, Logger: log})
 
 	control, err := s.controlHandler()
 	if err != nil {

@@ -5,7 +5,8 @@
 //	    -replicas 8 -cache-blocks 1000,4000 -out bench/results -name conversation
 //
 // With -workload chat, rag or shared-prompt it generates a synthetic
-// stream instead (seeded by -seed).
+// stream instead (seeded by -seed). "bench pd" runs the prefill/decode
+// mode instead (pd.go).
 package main
 
 import (
@@ -36,6 +37,9 @@ func main() {
 // run parses args, runs the simulation, writes the result files and
 // prints the Markdown table to stdout.
 func run(args []string, stdout io.Writer) error {
+	if len(args) > 0 && args[0] == "pd" {
+		return runPD(args[1:], stdout) // the P/D mode (pd.go)
+	}
 	def := bench.DefaultConfig("", nil)
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var (

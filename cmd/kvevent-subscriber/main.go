@@ -75,6 +75,11 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.BlockSize, "block-size", 16, "engine block size in tokens, for events that carry none")
 	fs.BoolVar(&cfg.L2, "ignore-block-removed", false, "an offload tier (L2) keeps evicted blocks: re-report them at T2 instead of evicting")
 	fs.StringVar(&loras, "lora-adapter-names", "", `LoRA id to adapter name map, e.g. "1=a,2=b"`)
+	var role string
+	fs.StringVar(&role, "role", "", "the replica's role in disaggregated serving: prefill, decode or both (empty: not reported; docs/pd.md)")
+	fs.StringVar(&cfg.Placement.Pool, "pd-pool", "", "the PDTopology pool the replica belongs to (empty: any pool of its role)")
+	fs.StringVar(&cfg.Placement.Node, "node-name", "", "the Kubernetes node the replica runs on (downward API spec.nodeName), for KV locality")
+	fs.StringVar(&cfg.Placement.Zone, "zone", "", "the replica's zone (topology.kubernetes.io/zone), for KV locality")
 	fs.StringVar(&serverAddr, "server-address", "127.0.0.1:9090", "inferencecache gRPC server address")
 	fs.BoolVar(&tlsFiles.Enable, "tls", false, "use TLS to the server (implied by any --tls-* file)")
 	fs.StringVar(&tlsFiles.CAFile, "tls-ca-file", "", "CA bundle verifying the server")
@@ -128,6 +133,9 @@ func run(ctx context.Context, args []string) error {
 		return errors.New("--state-interval must be positive")
 	}
 	if cfg.LoRAAdapters, err = kvevents.ParseLoRAAdapters(loras); err != nil {
+		return err
+	}
+	if cfg.Placement.Role, err = kvevents.ParseRole(role); err != nil {
 		return err
 	}
 	if cfg.EndpointMode, err = kvevents.ParseEndpointMode(endpointMode); err != nil {

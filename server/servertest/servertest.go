@@ -14,7 +14,10 @@ package servertest
 import (
 	"context"
 	"crypto/tls"
+	"io"
 	"log/slog"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,4 +163,25 @@ func PickerConn(t testing.TB, srv *server.Server) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
+}
+
+// PushPolicy POSTs body to srv's /policy (auth is off in Config) and fails
+// the test unless the server answers 204.
+func PushPolicy(t testing.TB, srv *server.Server, body string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+srv.InternalAddr().String()+"/policy", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("servertest: POST /policy: %v", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("servertest: POST /policy answered %d: %s", resp.StatusCode, msg)
+	}
 }

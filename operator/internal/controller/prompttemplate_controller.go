@@ -2,17 +2,14 @@ package controller
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"fmt"
-	"strconv"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/policy"
 )
 
 // +kubebuilder:rbac:groups=inferencecache.io,resources=prompttemplates,verbs=list;watch
@@ -36,21 +33,9 @@ var _ reconcile.Reconciler = (*PromptTemplateReconciler)(nil)
 // length-prefixed so no two specs share an encoding. Two specs share a
 // revision exactly when their body and slots are equal.
 func TemplateRevision(spec *v1alpha1.PromptTemplateSpec) string {
-	h := sha256.New()
-	field := func(s string) {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
-		h.Write(n[:])
-		h.Write([]byte(s))
-	}
-	field(spec.Body)
-	for _, sl := range spec.Slots {
-		field(sl.Name)
-		field(string(sl.Type))
-		field(strconv.FormatBool(sl.Required))
-		field(sl.Description)
-	}
-	return hex.EncodeToString(h.Sum(nil)[:8])
+	// The server computes the same for a pushed template without one
+	// (TestTemplateRevisionMatchesServer).
+	return policy.TemplateRevision(spec.Body, TemplateSlots(spec))
 }
 
 // Reconcile runs one pass; see the type's doc.

@@ -221,13 +221,20 @@ func ServiceFromURL(raw string) (svc types.NamespacedName, ok bool) {
 // pushResult is the outcome of the push to one server.
 type pushResult struct {
 	server serverTarget
-	err    error
+	// err is why the server did not take the pass's policy (nil: it did,
+	// maybe without the version-8 lists, see refused).
+	err error
+	// refused is the server's refusal of the version-8 body when it then
+	// took the version-7 fallback; nil otherwise.
+	refused error
 }
 
 // pushAll pushes raw to every server, at most maxConcurrentPushes at a time;
-// each request is bounded by the ServerClient's timeout and ctx. The results
+// each request is bounded by the ServerClient's timeout and ctx. A server
+// that refuses raw with HTTP 400 is sent fallback once when it is non-nil
+// (the version-7 body, for a server that predates version 8). The results
 // are in the order of servers.
-func pushAll(ctx context.Context, c *ServerClient, servers []serverTarget, raw []byte) []pushResult {
+func pushAll(ctx context.Context, c *ServerClient, servers []serverTarget, raw, fallback []byte) []pushResult {
 	res := make([]pushResult, len(servers))
 	sem := make(chan struct{}, maxConcurrentPushes)
 	var wg sync.WaitGroup
@@ -236,7 +243,16 @@ func pushAll(ctx context.Context, c *ServerClient, servers []serverTarget, raw [
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			res[i].err = c.PushPolicyTo(ctx, servers[i].URL, raw) // each goroutine writes only its own element
+			// Each goroutine writes only its own element.
+			err := c.PushPolicyTo(ctx, servers[i].URL, raw)
+			if err != nil && fallback != nil && refusedBody(err) {
+				if err7 := c.PushPolicyTo(ctx, servers[i].URL, fallback); err7 != nil {
+					err = fmt.Errorf("%w; the version-7 fallback failed too: %w", err, err7)
+				} else {
+					res[i].refused, err = err, nil
+				}
+			}
+			res[i].err = err
 		})
 	}
 	wg.Wait()

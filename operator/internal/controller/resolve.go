@@ -190,7 +190,11 @@ func BuildBody(policies []policy.ResolvedPolicy, tenants []policy.ResolvedTenant
 	if policies == nil {
 		policies = []policy.ResolvedPolicy{}
 	}
-	return &policy.Body{Version: policy.PropagationVersion, Policies: policies, Tenants: tenants}
+	b := &policy.Body{Policies: policies, Tenants: tenants}
+	// Version 7 unless the body carries a version-8 list: a server that
+	// predates schema 8 keeps accepting what the controller pushes.
+	b.Version = policy.VersionFor(b)
+	return b
 }
 
 // compareNamespacedName orders objects by (namespace, name), the order in

@@ -92,9 +92,29 @@ func (c *ServerClient) PushPolicyTo(ctx context.Context, base string, raw []byte
 	}
 	defer drain(resp.Body)
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("cannot push policy to %s: %s", base, statusText(resp))
+		return &PushError{Server: base, Code: resp.StatusCode, Text: statusText(resp)}
 	}
 	return nil
+}
+
+// PushError is a /policy answer outside 2xx.
+type PushError struct {
+	// Server is the base URL pushed to.
+	Server string
+	// Code is the HTTP status; Text is it with the server's message.
+	Code int
+	Text string
+}
+
+func (e *PushError) Error() string {
+	return fmt.Sprintf("cannot push policy to %s: %s", e.Server, e.Text)
+}
+
+// refusedBody reports whether err is the server refusing the body itself
+// (HTTP 400), as a server that predates version 8 refuses a version-8 body.
+func refusedBody(err error) bool {
+	var pe *PushError
+	return errors.As(err, &pe) && pe.Code == http.StatusBadRequest
 }
 
 // Snapshot GETs the server's /snapshot aggregate.

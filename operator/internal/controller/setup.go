@@ -1,8 +1,9 @@
 // Package controller holds the inferencecache controllers:
 //
-//   - PolicyPropagator: CachePolicy + CacheTenant -> /policy of every ready
-//     server pod, plus CachePolicy status (Accepted / Conflicted / Invalid,
-//     Propagated, per-server propagation);
+//   - PolicyPropagator: CachePolicy + CacheTenant + PDTopology +
+//     PromptTemplate -> /policy of every ready server pod, plus CachePolicy
+//     status (Accepted / Conflicted / Invalid, Propagated, per-server
+//     propagation) and PDTopology status (pool members, Ready);
 //   - SnapshotPoller: the server's /snapshot -> CacheIndex cluster-default,
 //     CacheTenant status, CacheBackend status.indexParticipation and the
 //     tier-2 metrics.
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -161,18 +163,24 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	tenServed := served(&v1alpha1.CacheTenant{})
 	idxServed := served(&v1alpha1.CacheIndex{})
 	cbServed := served(&v1alpha1.CacheBackend{})
-	if !polServed || !tenServed || !idxServed || !cbServed {
+	pdtServed := served(&v1alpha1.PDTopology{})
+	ptServed := served(&v1alpha1.PromptTemplate{})
+	if !polServed || !tenServed || !idxServed || !cbServed || !pdtServed || !ptServed {
 		mgr.GetLogger().Info("some inferencecache.io CRDs are not installed; those kinds are polled, not watched, until the next restart",
-			"cachepolicies", polServed, "cachetenants", tenServed, "cacheindices", idxServed, "cachebackends", cbServed)
+			"cachepolicies", polServed, "cachetenants", tenServed, "cacheindices", idxServed, "cachebackends", cbServed,
+			"pdtopologies", pdtServed, "prompttemplates", ptServed)
 	}
 
 	prop := &PolicyPropagator{
-		Policies: reader(polServed),
-		Tenants:  reader(tenServed),
-		Status:   mgr.GetClient(),
-		Server:   o.Server,
-		Recorder: mgr.GetEventRecorder("inferencecache-controller"),
-		Interval: o.PushInterval,
+		Policies:   reader(polServed),
+		Tenants:    reader(tenServed),
+		Topologies: reader(pdtServed),
+		Templates:  reader(ptServed),
+		Pods:       mgr.GetClient(), // metadata-only pod informer (PartialObjectMetadata)
+		Status:     mgr.GetClient(),
+		Server:     o.Server,
+		Recorder:   mgr.GetEventRecorder("inferencecache-controller"),
+		Interval:   o.PushInterval,
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("policy-propagation").
@@ -194,6 +202,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if tenServed {
 		b = b.Watches(&v1alpha1.CacheTenant{}, toKey(PropagationKey), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+	}
+	if pdtServed {
+		b = b.Watches(&v1alpha1.PDTopology{}, toKey(PropagationKey), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
+		// A pod joining or leaving a pool changes its topology's members
+		// and Ready condition: pods of namespaces with a PDTopology enqueue
+		// the pass when created, deleted or relabelled.
+		b = b.Watches(&corev1.Pod{}, podsOfTopologies(mgr.GetClient()),
+			builder.OnlyMetadata, builder.WithPredicates(predicate.LabelChangedPredicate{}))
+	}
+	if ptServed {
+		b = b.Watches(&v1alpha1.PromptTemplate{}, toKey(PropagationKey), builder.WithPredicates(predicate.GenerationChangedPredicate{}))
 	}
 	if err := b.Complete(prop); err != nil {
 		return fmt.Errorf("cannot set up the policy propagation controller: %w", err)
@@ -361,6 +380,18 @@ func kick(key reconcile.Request) source.Source {
 func toKey(key reconcile.Request) handler.EventHandler {
 	return handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{key}
+	})
+}
+
+// podsOfTopologies maps a pod event to PropagationKey when the pod's
+// namespace has a PDTopology (read from the cache).
+func podsOfTopologies(c client.Reader) handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
+		var l v1alpha1.PDTopologyList
+		if err := c.List(ctx, &l, client.InNamespace(obj.GetNamespace()), client.Limit(1)); err != nil || len(l.Items) == 0 {
+			return nil
+		}
+		return []reconcile.Request{PropagationKey}
 	})
 }
 

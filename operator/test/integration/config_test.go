@@ -236,6 +236,8 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		"ClusterRole autoscaling/horizontalpodautoscalers[]":     {"create", "delete", "list", "update", "watch"},
 		"ClusterRole policy/poddisruptionbudgets[]":              {"create", "delete", "list", "update", "watch"},
 		"ClusterRole inferencecache.io/prompttemplates[]":        {"list", "watch"},
+		"ClusterRole inferencecache.io/pdtopologies[]":           {"list", "watch"},
+		"ClusterRole inferencecache.io/pdtopologies/status[]":    {"update"},
 		"ClusterRole inferencecache.io/prompttemplates/status[]": {"patch"},
 		// PolicyPropagator: the EndpointSlices of the server Service (a
 		// cache restricted to its namespace and label), to push to every

@@ -78,6 +78,63 @@ func (CacheTier) EnumDescriptor() ([]byte, []int) {
 	return file_inferencecache_v1alpha1_inferencecache_proto_rawDescGZIP(), []int{0}
 }
 
+// ReplicaRole is a replica's part in prefill/decode disaggregation.
+type ReplicaRole int32
+
+const (
+	// Not reported: the report changes nothing the server knows.
+	ReplicaRole_REPLICA_ROLE_UNSPECIFIED ReplicaRole = 0
+	// Serves both phases (an aggregated engine).
+	ReplicaRole_REPLICA_ROLE_BOTH ReplicaRole = 1
+	// Computes prompts and hands their KV cache to a decode replica.
+	ReplicaRole_REPLICA_ROLE_PREFILL ReplicaRole = 2
+	// Generates tokens from a transferred (or locally computed) KV cache.
+	ReplicaRole_REPLICA_ROLE_DECODE ReplicaRole = 3
+)
+
+// Enum value maps for ReplicaRole.
+var (
+	ReplicaRole_name = map[int32]string{
+		0: "REPLICA_ROLE_UNSPECIFIED",
+		1: "REPLICA_ROLE_BOTH",
+		2: "REPLICA_ROLE_PREFILL",
+		3: "REPLICA_ROLE_DECODE",
+	}
+	ReplicaRole_value = map[string]int32{
+		"REPLICA_ROLE_UNSPECIFIED": 0,
+		"REPLICA_ROLE_BOTH":        1,
+		"REPLICA_ROLE_PREFILL":     2,
+		"REPLICA_ROLE_DECODE":      3,
+	}
+)
+
+func (x ReplicaRole) Enum() *ReplicaRole {
+	p := new(ReplicaRole)
+	*p = x
+	return p
+}
+
+func (x ReplicaRole) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplicaRole) Descriptor() protoreflect.EnumDescriptor {
+	return file_inferencecache_v1alpha1_inferencecache_proto_enumTypes[1].Descriptor()
+}
+
+func (ReplicaRole) Type() protoreflect.EnumType {
+	return &file_inferencecache_v1alpha1_inferencecache_proto_enumTypes[1]
+}
+
+func (x ReplicaRole) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplicaRole.Descriptor instead.
+func (ReplicaRole) EnumDescriptor() ([]byte, []int) {
+	return file_inferencecache_v1alpha1_inferencecache_proto_rawDescGZIP(), []int{1}
+}
+
 type CacheEvent_Type int32
 
 const (
@@ -91,6 +148,9 @@ const (
 	CacheEvent_REPLICA_UPDATED CacheEvent_Type = 3
 	// Drops everything the replica holds for (tenant, model), and its stats.
 	CacheEvent_ALL_CLEARED CacheEvent_Type = 4
+	// Streamed only (inferencecache extension): the index forgot the
+	// replica (no keys and no stats left).
+	CacheEvent_REPLICA_REMOVED CacheEvent_Type = 5
 )
 
 // Enum value maps for CacheEvent_Type.
@@ -101,6 +161,7 @@ var (
 		2: "PREFIX_EVICTED",
 		3: "REPLICA_UPDATED",
 		4: "ALL_CLEARED",
+		5: "REPLICA_REMOVED",
 	}
 	CacheEvent_Type_value = map[string]int32{
 		"TYPE_UNSPECIFIED": 0,
@@ -108,6 +169,7 @@ var (
 		"PREFIX_EVICTED":   2,
 		"REPLICA_UPDATED":  3,
 		"ALL_CLEARED":      4,
+		"REPLICA_REMOVED":  5,
 	}
 )
 
@@ -122,11 +184,11 @@ func (x CacheEvent_Type) String() string {
 }
 
 func (CacheEvent_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_inferencecache_v1alpha1_inferencecache_proto_enumTypes[1].Descriptor()
+	return file_inferencecache_v1alpha1_inferencecache_proto_enumTypes[2].Descriptor()
 }
 
 func (CacheEvent_Type) Type() protoreflect.EnumType {
-	return &file_inferencecache_v1alpha1_inferencecache_proto_enumTypes[1]
+	return &file_inferencecache_v1alpha1_inferencecache_proto_enumTypes[2]
 }
 
 func (x CacheEvent_Type) Number() protoreflect.EnumNumber {
@@ -143,8 +205,11 @@ type RenderTemplateRequest struct {
 	// PromptTemplate reference, "namespace/name".
 	TemplateRef string `protobuf:"bytes,1,opt,name=template_ref,json=templateRef,proto3" json:"template_ref,omitempty"`
 	// Slot name to value.
-	Variables     map[string]string `protobuf:"bytes,2,rep,name=variables,proto3" json:"variables,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	TenantId      string            `protobuf:"bytes,3,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	Variables map[string]string `protobuf:"bytes,2,rep,name=variables,proto3" json:"variables,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TenantId  string            `protobuf:"bytes,3,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// Model whose tokenizer (--tokenizer-dir) the stable prefix is tokenized
+	// with; empty, or a model without a tokenizer, hashes the text instead.
+	ModelId       string `protobuf:"bytes,4,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -200,6 +265,13 @@ func (x *RenderTemplateRequest) GetTenantId() string {
 	return ""
 }
 
+func (x *RenderTemplateRequest) GetModelId() string {
+	if x != nil {
+		return x.ModelId
+	}
+	return ""
+}
+
 type RenderTemplateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Rendered prompt, as text or token bytes.
@@ -210,8 +282,16 @@ type RenderTemplateResponse struct {
 	// OK, TEMPLATE_NOT_FOUND or RENDER_ERROR; unknown codes mean RENDER_ERROR.
 	ReasonCode       string `protobuf:"bytes,4,opt,name=reason_code,json=reasonCode,proto3" json:"reason_code,omitempty"`
 	TemplateRevision string `protobuf:"bytes,5,opt,name=template_revision,json=templateRevision,proto3" json:"template_revision,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Prompt tokens stable_prefix_hash covers: whole blocks of the rendering's
+	// tokens that Stable slots alone decide (0 when it hashes text).
+	StablePrefixTokens int32 `protobuf:"varint,6,opt,name=stable_prefix_tokens,json=stablePrefixTokens,proto3" json:"stable_prefix_tokens,omitempty"`
+	// The rendering's token ids, when it was tokenized (model_id has a
+	// tokenizer): a gateway can look up with them as token_ids.
+	TokenIds []uint32 `protobuf:"varint,7,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	// What went wrong, for RENDER_ERROR and TEMPLATE_NOT_FOUND; empty on OK.
+	Message       string `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenderTemplateResponse) Reset() {
@@ -275,6 +355,27 @@ func (x *RenderTemplateResponse) GetReasonCode() string {
 func (x *RenderTemplateResponse) GetTemplateRevision() string {
 	if x != nil {
 		return x.TemplateRevision
+	}
+	return ""
+}
+
+func (x *RenderTemplateResponse) GetStablePrefixTokens() int32 {
+	if x != nil {
+		return x.StablePrefixTokens
+	}
+	return 0
+}
+
+func (x *RenderTemplateResponse) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *RenderTemplateResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
 	}
 	return ""
 }
@@ -646,8 +747,16 @@ type LookupPDRouteRequest struct {
 	TenantId         string                 `protobuf:"bytes,2,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	PrefixHash       []byte                 `protobuf:"bytes,3,opt,name=prefix_hash,json=prefixHash,proto3" json:"prefix_hash,omitempty"`
 	PrefixTokenCount int32                  `protobuf:"varint,4,opt,name=prefix_token_count,json=prefixTokenCount,proto3" json:"prefix_token_count,omitempty"`
-	// PDTopology reference, "namespace/name".
+	// PDTopology reference, "namespace/name" ("name" alone: in the tenant's
+	// namespace; empty: the tenant namespace's only PDTopology).
 	PdTopologyRef string `protobuf:"bytes,5,opt,name=pd_topology_ref,json=pdTopologyRef,proto3" json:"pd_topology_ref,omitempty"`
+	// Engine domain tag of the keys ("vllm", "sglang").
+	HashScheme       string   `protobuf:"bytes,6,opt,name=hash_scheme,json=hashScheme,proto3" json:"hash_scheme,omitempty"`
+	BlockHashes      [][]byte `protobuf:"bytes,7,rep,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
+	BlockTokenCounts []int32  `protobuf:"varint,8,rep,packed,name=block_token_counts,json=blockTokenCounts,proto3" json:"block_token_counts,omitempty"`
+	// Already tokenized prompt; the server fingerprints it.
+	TokenIds      []uint32 `protobuf:"varint,9,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	AdapterId     string   `protobuf:"bytes,10,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -717,6 +826,41 @@ func (x *LookupPDRouteRequest) GetPdTopologyRef() string {
 	return ""
 }
 
+func (x *LookupPDRouteRequest) GetHashScheme() string {
+	if x != nil {
+		return x.HashScheme
+	}
+	return ""
+}
+
+func (x *LookupPDRouteRequest) GetBlockHashes() [][]byte {
+	if x != nil {
+		return x.BlockHashes
+	}
+	return nil
+}
+
+func (x *LookupPDRouteRequest) GetBlockTokenCounts() []int32 {
+	if x != nil {
+		return x.BlockTokenCounts
+	}
+	return nil
+}
+
+func (x *LookupPDRouteRequest) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *LookupPDRouteRequest) GetAdapterId() string {
+	if x != nil {
+		return x.AdapterId
+	}
+	return ""
+}
+
 type LookupPDRouteResponse struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PrefillReplicaId string                 `protobuf:"bytes,1,opt,name=prefill_replica_id,json=prefillReplicaId,proto3" json:"prefill_replica_id,omitempty"`
@@ -724,8 +868,15 @@ type LookupPDRouteResponse struct {
 	// KV transfer hint as a free string: "Mooncake", "NIXL" or "Direct".
 	TransportHint string `protobuf:"bytes,3,opt,name=transport_hint,json=transportHint,proto3" json:"transport_hint,omitempty"`
 	ReasonCode    string `protobuf:"bytes,4,opt,name=reason_code,json=reasonCode,proto3" json:"reason_code,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Prompt tokens the chosen prefill replica and the decode replica hold.
+	PrefillMatchedTokens int32 `protobuf:"varint,5,opt,name=prefill_matched_tokens,json=prefillMatchedTokens,proto3" json:"prefill_matched_tokens,omitempty"`
+	DecodeMatchedTokens  int32 `protobuf:"varint,6,opt,name=decode_matched_tokens,json=decodeMatchedTokens,proto3" json:"decode_matched_tokens,omitempty"`
+	// Prompt tokens still to compute where the prefill runs (the prefill
+	// replica, or the decode replica when the prefill hop is skipped).
+	UncachedTokens  int32 `protobuf:"varint,7,opt,name=uncached_tokens,json=uncachedTokens,proto3" json:"uncached_tokens,omitempty"`
+	LookupLatencyUs int64 `protobuf:"varint,8,opt,name=lookup_latency_us,json=lookupLatencyUs,proto3" json:"lookup_latency_us,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *LookupPDRouteResponse) Reset() {
@@ -784,6 +935,34 @@ func (x *LookupPDRouteResponse) GetReasonCode() string {
 		return x.ReasonCode
 	}
 	return ""
+}
+
+func (x *LookupPDRouteResponse) GetPrefillMatchedTokens() int32 {
+	if x != nil {
+		return x.PrefillMatchedTokens
+	}
+	return 0
+}
+
+func (x *LookupPDRouteResponse) GetDecodeMatchedTokens() int32 {
+	if x != nil {
+		return x.DecodeMatchedTokens
+	}
+	return 0
+}
+
+func (x *LookupPDRouteResponse) GetUncachedTokens() int32 {
+	if x != nil {
+		return x.UncachedTokens
+	}
+	return 0
+}
+
+func (x *LookupPDRouteResponse) GetLookupLatencyUs() int64 {
+	if x != nil {
+		return x.LookupLatencyUs
+	}
+	return 0
 }
 
 type GetCacheStateRequest struct {
@@ -958,7 +1137,14 @@ type CacheStateUpdate struct {
 	// Optional.
 	Stats *ReplicaStats `protobuf:"bytes,7,opt,name=stats,proto3" json:"stats,omitempty"`
 	// Partition for entries that leave their own adapter_id empty.
-	AdapterId     string `protobuf:"bytes,8,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
+	AdapterId string `protobuf:"bytes,8,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
+	// Which phase the replica serves; UNSPECIFIED keeps the known role.
+	Role ReplicaRole `protobuf:"varint,9,opt,name=role,proto3,enum=inferencecache.v1alpha1.ReplicaRole" json:"role,omitempty"`
+	// The PDTopology pool the replica belongs to (empty: by role alone).
+	PdPool string `protobuf:"bytes,10,opt,name=pd_pool,json=pdPool,proto3" json:"pd_pool,omitempty"`
+	// The Kubernetes node and zone (topology.kubernetes.io/zone) it runs in.
+	NodeName      string `protobuf:"bytes,11,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	Zone          string `protobuf:"bytes,12,opt,name=zone,proto3" json:"zone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1045,6 +1231,34 @@ func (x *CacheStateUpdate) GetStats() *ReplicaStats {
 func (x *CacheStateUpdate) GetAdapterId() string {
 	if x != nil {
 		return x.AdapterId
+	}
+	return ""
+}
+
+func (x *CacheStateUpdate) GetRole() ReplicaRole {
+	if x != nil {
+		return x.Role
+	}
+	return ReplicaRole_REPLICA_ROLE_UNSPECIFIED
+}
+
+func (x *CacheStateUpdate) GetPdPool() string {
+	if x != nil {
+		return x.PdPool
+	}
+	return ""
+}
+
+func (x *CacheStateUpdate) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *CacheStateUpdate) GetZone() string {
+	if x != nil {
+		return x.Zone
 	}
 	return ""
 }
@@ -1265,14 +1479,23 @@ func (x *ReplicaStats) GetQueuedPrefillTokens() int64 {
 }
 
 type CacheEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Type          CacheEvent_Type        `protobuf:"varint,1,opt,name=type,proto3,enum=inferencecache.v1alpha1.CacheEvent_Type" json:"type,omitempty"`
-	ReplicaId     string                 `protobuf:"bytes,2,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
-	ModelId       string                 `protobuf:"bytes,3,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
-	TenantId      string                 `protobuf:"bytes,4,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
-	PrefixHash    []byte                 `protobuf:"bytes,5,opt,name=prefix_hash,json=prefixHash,proto3" json:"prefix_hash,omitempty"`
-	TimestampUs   int64                  `protobuf:"varint,6,opt,name=timestamp_us,json=timestampUs,proto3" json:"timestamp_us,omitempty"`
-	AdapterId     string                 `protobuf:"bytes,7,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Type        CacheEvent_Type        `protobuf:"varint,1,opt,name=type,proto3,enum=inferencecache.v1alpha1.CacheEvent_Type" json:"type,omitempty"`
+	ReplicaId   string                 `protobuf:"bytes,2,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	ModelId     string                 `protobuf:"bytes,3,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
+	TenantId    string                 `protobuf:"bytes,4,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	PrefixHash  []byte                 `protobuf:"bytes,5,opt,name=prefix_hash,json=prefixHash,proto3" json:"prefix_hash,omitempty"`
+	TimestampUs int64                  `protobuf:"varint,6,opt,name=timestamp_us,json=timestampUs,proto3" json:"timestamp_us,omitempty"`
+	AdapterId   string                 `protobuf:"bytes,7,opt,name=adapter_id,json=adapterId,proto3" json:"adapter_id,omitempty"`
+	// Why a PREFIX_EVICTED, ALL_CLEARED or REPLICA_REMOVED happened:
+	// "engine" (the producer reported it), "cap", "ttl", "quota", "expired".
+	Reason string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The key's engine domain.
+	HashScheme string `protobuf:"bytes,9,opt,name=hash_scheme,json=hashScheme,proto3" json:"hash_scheme,omitempty"`
+	// PREFIX_ADDED: cumulative prompt tokens up to and including the key.
+	TokenCount int32 `protobuf:"varint,10,opt,name=token_count,json=tokenCount,proto3" json:"token_count,omitempty"`
+	// PREFIX_ADDED: where the replica holds it.
+	Tier          CacheTier `protobuf:"varint,11,opt,name=tier,proto3,enum=inferencecache.v1alpha1.CacheTier" json:"tier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1356,6 +1579,34 @@ func (x *CacheEvent) GetAdapterId() string {
 	return ""
 }
 
+func (x *CacheEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CacheEvent) GetHashScheme() string {
+	if x != nil {
+		return x.HashScheme
+	}
+	return ""
+}
+
+func (x *CacheEvent) GetTokenCount() int32 {
+	if x != nil {
+		return x.TokenCount
+	}
+	return 0
+}
+
+func (x *CacheEvent) GetTier() CacheTier {
+	if x != nil {
+		return x.Tier
+	}
+	return CacheTier_CACHE_TIER_UNSPECIFIED
+}
+
 type StreamEventsRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	ModelId  string                 `protobuf:"bytes,1,opt,name=model_id,json=modelId,proto3" json:"model_id,omitempty"`
@@ -1420,7 +1671,10 @@ func (x *StreamEventsRequest) GetTypes() []CacheEvent_Type {
 type StreamMetricsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty selects every metric.
-	Names         []string `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	Names []string `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	// --- inferencecache extension: milliseconds between batches; 0 means
+	// 1000, and the server clamps it to [100, 3600000].
+	IntervalMs    int32 `protobuf:"varint,2,opt,name=interval_ms,json=intervalMs,proto3" json:"interval_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1462,10 +1716,18 @@ func (x *StreamMetricsRequest) GetNames() []string {
 	return nil
 }
 
+func (x *StreamMetricsRequest) GetIntervalMs() int32 {
+	if x != nil {
+		return x.IntervalMs
+	}
+	return 0
+}
+
 type Metric struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// "gauge", "counter" or "histogram".
+	// "gauge", "counter", "histogram" (its _bucket, _sum and _count
+	// samples), "summary" or "untyped".
 	Type          string            `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	Labels        map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Value         float64           `protobuf:"fixed64,4,opt,name=value,proto3" json:"value,omitempty"`
@@ -1596,21 +1858,25 @@ var File_inferencecache_v1alpha1_inferencecache_proto protoreflect.FileDescripto
 
 const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\n" +
-	",inferencecache/v1alpha1/inferencecache.proto\x12\x17inferencecache.v1alpha1\"\xf2\x01\n" +
+	",inferencecache/v1alpha1/inferencecache.proto\x12\x17inferencecache.v1alpha1\"\x8d\x02\n" +
 	"\x15RenderTemplateRequest\x12!\n" +
 	"\ftemplate_ref\x18\x01 \x01(\tR\vtemplateRef\x12[\n" +
 	"\tvariables\x18\x02 \x03(\v2=.inferencecache.v1alpha1.RenderTemplateRequest.VariablesEntryR\tvariables\x12\x1b\n" +
-	"\ttenant_id\x18\x03 \x01(\tR\btenantId\x1a<\n" +
+	"\ttenant_id\x18\x03 \x01(\tR\btenantId\x12\x19\n" +
+	"\bmodel_id\x18\x04 \x01(\tR\amodelId\x1a<\n" +
 	"\x0eVariablesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe8\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x02\n" +
 	"\x16RenderTemplateResponse\x12'\n" +
 	"\x0frendered_prompt\x18\x01 \x01(\fR\x0erenderedPrompt\x12,\n" +
 	"\x12stable_prefix_hash\x18\x02 \x01(\fR\x10stablePrefixHash\x12)\n" +
 	"\x10tenant_namespace\x18\x03 \x01(\fR\x0ftenantNamespace\x12\x1f\n" +
 	"\vreason_code\x18\x04 \x01(\tR\n" +
 	"reasonCode\x12+\n" +
-	"\x11template_revision\x18\x05 \x01(\tR\x10templateRevision\"5\n" +
+	"\x11template_revision\x18\x05 \x01(\tR\x10templateRevision\x120\n" +
+	"\x14stable_prefix_tokens\x18\x06 \x01(\x05R\x12stablePrefixTokens\x12\x1b\n" +
+	"\ttoken_ids\x18\a \x03(\rR\btokenIds\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\"5\n" +
 	"\x03SLO\x12\x17\n" +
 	"\attft_ms\x18\x01 \x01(\x05R\x06ttftMs\x12\x15\n" +
 	"\x06tbt_ms\x18\x02 \x01(\x05R\x05tbtMs\"\xc1\x03\n" +
@@ -1646,20 +1912,32 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\x11lookup_latency_us\x18\x03 \x01(\x03R\x0flookupLatencyUs\x12\x1b\n" +
 	"\ttoken_ids\x18\x04 \x03(\rR\btokenIds\x12\x1d\n" +
 	"\n" +
-	"adapter_id\x18\x05 \x01(\tR\tadapterId\"\xc5\x01\n" +
+	"adapter_id\x18\x05 \x01(\tR\tadapterId\"\xf3\x02\n" +
 	"\x14LookupPDRouteRequest\x12\x19\n" +
 	"\bmodel_id\x18\x01 \x01(\tR\amodelId\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12\x1f\n" +
 	"\vprefix_hash\x18\x03 \x01(\fR\n" +
 	"prefixHash\x12,\n" +
 	"\x12prefix_token_count\x18\x04 \x01(\x05R\x10prefixTokenCount\x12&\n" +
-	"\x0fpd_topology_ref\x18\x05 \x01(\tR\rpdTopologyRef\"\xb9\x01\n" +
+	"\x0fpd_topology_ref\x18\x05 \x01(\tR\rpdTopologyRef\x12\x1f\n" +
+	"\vhash_scheme\x18\x06 \x01(\tR\n" +
+	"hashScheme\x12!\n" +
+	"\fblock_hashes\x18\a \x03(\fR\vblockHashes\x12,\n" +
+	"\x12block_token_counts\x18\b \x03(\x05R\x10blockTokenCounts\x12\x1b\n" +
+	"\ttoken_ids\x18\t \x03(\rR\btokenIds\x12\x1d\n" +
+	"\n" +
+	"adapter_id\x18\n" +
+	" \x01(\tR\tadapterId\"\xf8\x02\n" +
 	"\x15LookupPDRouteResponse\x12,\n" +
 	"\x12prefill_replica_id\x18\x01 \x01(\tR\x10prefillReplicaId\x12*\n" +
 	"\x11decode_replica_id\x18\x02 \x01(\tR\x0fdecodeReplicaId\x12%\n" +
 	"\x0etransport_hint\x18\x03 \x01(\tR\rtransportHint\x12\x1f\n" +
 	"\vreason_code\x18\x04 \x01(\tR\n" +
-	"reasonCode\"N\n" +
+	"reasonCode\x124\n" +
+	"\x16prefill_matched_tokens\x18\x05 \x01(\x05R\x14prefillMatchedTokens\x122\n" +
+	"\x15decode_matched_tokens\x18\x06 \x01(\x05R\x13decodeMatchedTokens\x12'\n" +
+	"\x0funcached_tokens\x18\a \x01(\x05R\x0euncachedTokens\x12*\n" +
+	"\x11lookup_latency_us\x18\b \x01(\x03R\x0flookupLatencyUs\"N\n" +
 	"\x14GetCacheStateRequest\x12\x19\n" +
 	"\bmodel_id\x18\x01 \x01(\tR\amodelId\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\"\x9b\x01\n" +
@@ -1668,7 +1946,7 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\asummary\x18\x02 \x01(\v2%.inferencecache.v1alpha1.CacheSummaryR\asummary\"X\n" +
 	"\fCacheSummary\x12%\n" +
 	"\x0etotal_prefixes\x18\x01 \x01(\x03R\rtotalPrefixes\x12!\n" +
-	"\fhot_prefixes\x18\x02 \x01(\x03R\vhotPrefixes\"\xcb\x02\n" +
+	"\fhot_prefixes\x18\x02 \x01(\x03R\vhotPrefixes\"\xcf\x03\n" +
 	"\x10CacheStateUpdate\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x19\n" +
@@ -1680,7 +1958,12 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\bprefixes\x18\x06 \x03(\v2$.inferencecache.v1alpha1.PrefixEntryR\bprefixes\x12;\n" +
 	"\x05stats\x18\a \x01(\v2%.inferencecache.v1alpha1.ReplicaStatsR\x05stats\x12\x1d\n" +
 	"\n" +
-	"adapter_id\x18\b \x01(\tR\tadapterId\"\xf7\x01\n" +
+	"adapter_id\x18\b \x01(\tR\tadapterId\x128\n" +
+	"\x04role\x18\t \x01(\x0e2$.inferencecache.v1alpha1.ReplicaRoleR\x04role\x12\x17\n" +
+	"\apd_pool\x18\n" +
+	" \x01(\tR\x06pdPool\x12\x1b\n" +
+	"\tnode_name\x18\v \x01(\tR\bnodeName\x12\x12\n" +
+	"\x04zone\x18\f \x01(\tR\x04zone\"\xf7\x01\n" +
 	"\vPrefixEntry\x12\x1f\n" +
 	"\vprefix_hash\x18\x01 \x01(\fR\n" +
 	"prefixHash\x12\x1f\n" +
@@ -1706,7 +1989,7 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	" \x01(\x03H\x02R\x13queuedPrefillTokens\x88\x01\x01B\x13\n" +
 	"\x11_waiting_requestsB\x13\n" +
 	"\x11_running_requestsB\x18\n" +
-	"\x16_queued_prefill_tokens\"\xee\x02\n" +
+	"\x16_queued_prefill_tokens\"\x95\x04\n" +
 	"\n" +
 	"CacheEvent\x12<\n" +
 	"\x04type\x18\x01 \x01(\x0e2(.inferencecache.v1alpha1.CacheEvent.TypeR\x04type\x12\x1d\n" +
@@ -1718,19 +2001,29 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"prefixHash\x12!\n" +
 	"\ftimestamp_us\x18\x06 \x01(\x03R\vtimestampUs\x12\x1d\n" +
 	"\n" +
-	"adapter_id\x18\a \x01(\tR\tadapterId\"h\n" +
+	"adapter_id\x18\a \x01(\tR\tadapterId\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x1f\n" +
+	"\vhash_scheme\x18\t \x01(\tR\n" +
+	"hashScheme\x12\x1f\n" +
+	"\vtoken_count\x18\n" +
+	" \x01(\x05R\n" +
+	"tokenCount\x126\n" +
+	"\x04tier\x18\v \x01(\x0e2\".inferencecache.v1alpha1.CacheTierR\x04tier\"}\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fPREFIX_ADDED\x10\x01\x12\x12\n" +
 	"\x0ePREFIX_EVICTED\x10\x02\x12\x13\n" +
 	"\x0fREPLICA_UPDATED\x10\x03\x12\x0f\n" +
-	"\vALL_CLEARED\x10\x04\"\x8d\x01\n" +
+	"\vALL_CLEARED\x10\x04\x12\x13\n" +
+	"\x0fREPLICA_REMOVED\x10\x05\"\x8d\x01\n" +
 	"\x13StreamEventsRequest\x12\x19\n" +
 	"\bmodel_id\x18\x01 \x01(\tR\amodelId\x12\x1b\n" +
 	"\ttenant_id\x18\x02 \x01(\tR\btenantId\x12>\n" +
-	"\x05types\x18\x03 \x03(\x0e2(.inferencecache.v1alpha1.CacheEvent.TypeR\x05types\",\n" +
+	"\x05types\x18\x03 \x03(\x0e2(.inferencecache.v1alpha1.CacheEvent.TypeR\x05types\"M\n" +
 	"\x14StreamMetricsRequest\x12\x14\n" +
-	"\x05names\x18\x01 \x03(\tR\x05names\"\xe9\x01\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\x12\x1f\n" +
+	"\vinterval_ms\x18\x02 \x01(\x05R\n" +
+	"intervalMs\"\xe9\x01\n" +
 	"\x06Metric\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12C\n" +
@@ -1748,7 +2041,12 @@ const file_inferencecache_v1alpha1_inferencecache_proto_rawDesc = "" +
 	"\x16CACHE_TIER_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCACHE_TIER_T1\x10\x01\x12\x11\n" +
 	"\rCACHE_TIER_T2\x10\x02\x12\x11\n" +
-	"\rCACHE_TIER_T3\x10\x032\xc0\a\n" +
+	"\rCACHE_TIER_T3\x10\x03*u\n" +
+	"\vReplicaRole\x12\x1c\n" +
+	"\x18REPLICA_ROLE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11REPLICA_ROLE_BOTH\x10\x01\x12\x18\n" +
+	"\x14REPLICA_ROLE_PREFILL\x10\x02\x12\x17\n" +
+	"\x13REPLICA_ROLE_DECODE\x10\x032\xc0\a\n" +
 	"\x0eInferenceCache\x12q\n" +
 	"\x0eRenderTemplate\x12..inferencecache.v1alpha1.RenderTemplateRequest\x1a/.inferencecache.v1alpha1.RenderTemplateResponse\x12h\n" +
 	"\vLookupRoute\x12+.inferencecache.v1alpha1.LookupRouteRequest\x1a,.inferencecache.v1alpha1.LookupRouteResponse\x12r\n" +
@@ -1772,69 +2070,72 @@ func file_inferencecache_v1alpha1_inferencecache_proto_rawDescGZIP() []byte {
 	return file_inferencecache_v1alpha1_inferencecache_proto_rawDescData
 }
 
-var file_inferencecache_v1alpha1_inferencecache_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_inferencecache_v1alpha1_inferencecache_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_inferencecache_v1alpha1_inferencecache_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_inferencecache_v1alpha1_inferencecache_proto_goTypes = []any{
 	(CacheTier)(0),                 // 0: inferencecache.v1alpha1.CacheTier
-	(CacheEvent_Type)(0),           // 1: inferencecache.v1alpha1.CacheEvent.Type
-	(*RenderTemplateRequest)(nil),  // 2: inferencecache.v1alpha1.RenderTemplateRequest
-	(*RenderTemplateResponse)(nil), // 3: inferencecache.v1alpha1.RenderTemplateResponse
-	(*SLO)(nil),                    // 4: inferencecache.v1alpha1.SLO
-	(*LookupRouteRequest)(nil),     // 5: inferencecache.v1alpha1.LookupRouteRequest
-	(*ReplicaScore)(nil),           // 6: inferencecache.v1alpha1.ReplicaScore
-	(*LookupRouteResponse)(nil),    // 7: inferencecache.v1alpha1.LookupRouteResponse
-	(*LookupPDRouteRequest)(nil),   // 8: inferencecache.v1alpha1.LookupPDRouteRequest
-	(*LookupPDRouteResponse)(nil),  // 9: inferencecache.v1alpha1.LookupPDRouteResponse
-	(*GetCacheStateRequest)(nil),   // 10: inferencecache.v1alpha1.GetCacheStateRequest
-	(*GetCacheStateResponse)(nil),  // 11: inferencecache.v1alpha1.GetCacheStateResponse
-	(*CacheSummary)(nil),           // 12: inferencecache.v1alpha1.CacheSummary
-	(*CacheStateUpdate)(nil),       // 13: inferencecache.v1alpha1.CacheStateUpdate
-	(*PrefixEntry)(nil),            // 14: inferencecache.v1alpha1.PrefixEntry
-	(*ReplicaStats)(nil),           // 15: inferencecache.v1alpha1.ReplicaStats
-	(*CacheEvent)(nil),             // 16: inferencecache.v1alpha1.CacheEvent
-	(*StreamEventsRequest)(nil),    // 17: inferencecache.v1alpha1.StreamEventsRequest
-	(*StreamMetricsRequest)(nil),   // 18: inferencecache.v1alpha1.StreamMetricsRequest
-	(*Metric)(nil),                 // 19: inferencecache.v1alpha1.Metric
-	(*Ack)(nil),                    // 20: inferencecache.v1alpha1.Ack
-	nil,                            // 21: inferencecache.v1alpha1.RenderTemplateRequest.VariablesEntry
-	nil,                            // 22: inferencecache.v1alpha1.Metric.LabelsEntry
+	(ReplicaRole)(0),               // 1: inferencecache.v1alpha1.ReplicaRole
+	(CacheEvent_Type)(0),           // 2: inferencecache.v1alpha1.CacheEvent.Type
+	(*RenderTemplateRequest)(nil),  // 3: inferencecache.v1alpha1.RenderTemplateRequest
+	(*RenderTemplateResponse)(nil), // 4: inferencecache.v1alpha1.RenderTemplateResponse
+	(*SLO)(nil),                    // 5: inferencecache.v1alpha1.SLO
+	(*LookupRouteRequest)(nil),     // 6: inferencecache.v1alpha1.LookupRouteRequest
+	(*ReplicaScore)(nil),           // 7: inferencecache.v1alpha1.ReplicaScore
+	(*LookupRouteResponse)(nil),    // 8: inferencecache.v1alpha1.LookupRouteResponse
+	(*LookupPDRouteRequest)(nil),   // 9: inferencecache.v1alpha1.LookupPDRouteRequest
+	(*LookupPDRouteResponse)(nil),  // 10: inferencecache.v1alpha1.LookupPDRouteResponse
+	(*GetCacheStateRequest)(nil),   // 11: inferencecache.v1alpha1.GetCacheStateRequest
+	(*GetCacheStateResponse)(nil),  // 12: inferencecache.v1alpha1.GetCacheStateResponse
+	(*CacheSummary)(nil),           // 13: inferencecache.v1alpha1.CacheSummary
+	(*CacheStateUpdate)(nil),       // 14: inferencecache.v1alpha1.CacheStateUpdate
+	(*PrefixEntry)(nil),            // 15: inferencecache.v1alpha1.PrefixEntry
+	(*ReplicaStats)(nil),           // 16: inferencecache.v1alpha1.ReplicaStats
+	(*CacheEvent)(nil),             // 17: inferencecache.v1alpha1.CacheEvent
+	(*StreamEventsRequest)(nil),    // 18: inferencecache.v1alpha1.StreamEventsRequest
+	(*StreamMetricsRequest)(nil),   // 19: inferencecache.v1alpha1.StreamMetricsRequest
+	(*Metric)(nil),                 // 20: inferencecache.v1alpha1.Metric
+	(*Ack)(nil),                    // 21: inferencecache.v1alpha1.Ack
+	nil,                            // 22: inferencecache.v1alpha1.RenderTemplateRequest.VariablesEntry
+	nil,                            // 23: inferencecache.v1alpha1.Metric.LabelsEntry
 }
 var file_inferencecache_v1alpha1_inferencecache_proto_depIdxs = []int32{
-	21, // 0: inferencecache.v1alpha1.RenderTemplateRequest.variables:type_name -> inferencecache.v1alpha1.RenderTemplateRequest.VariablesEntry
-	4,  // 1: inferencecache.v1alpha1.LookupRouteRequest.slo:type_name -> inferencecache.v1alpha1.SLO
+	22, // 0: inferencecache.v1alpha1.RenderTemplateRequest.variables:type_name -> inferencecache.v1alpha1.RenderTemplateRequest.VariablesEntry
+	5,  // 1: inferencecache.v1alpha1.LookupRouteRequest.slo:type_name -> inferencecache.v1alpha1.SLO
 	0,  // 2: inferencecache.v1alpha1.ReplicaScore.tier:type_name -> inferencecache.v1alpha1.CacheTier
-	6,  // 3: inferencecache.v1alpha1.LookupRouteResponse.replica_scores:type_name -> inferencecache.v1alpha1.ReplicaScore
-	15, // 4: inferencecache.v1alpha1.GetCacheStateResponse.replicas:type_name -> inferencecache.v1alpha1.ReplicaStats
-	12, // 5: inferencecache.v1alpha1.GetCacheStateResponse.summary:type_name -> inferencecache.v1alpha1.CacheSummary
-	14, // 6: inferencecache.v1alpha1.CacheStateUpdate.prefixes:type_name -> inferencecache.v1alpha1.PrefixEntry
-	15, // 7: inferencecache.v1alpha1.CacheStateUpdate.stats:type_name -> inferencecache.v1alpha1.ReplicaStats
-	0,  // 8: inferencecache.v1alpha1.PrefixEntry.tier:type_name -> inferencecache.v1alpha1.CacheTier
-	1,  // 9: inferencecache.v1alpha1.CacheEvent.type:type_name -> inferencecache.v1alpha1.CacheEvent.Type
-	1,  // 10: inferencecache.v1alpha1.StreamEventsRequest.types:type_name -> inferencecache.v1alpha1.CacheEvent.Type
-	22, // 11: inferencecache.v1alpha1.Metric.labels:type_name -> inferencecache.v1alpha1.Metric.LabelsEntry
-	2,  // 12: inferencecache.v1alpha1.InferenceCache.RenderTemplate:input_type -> inferencecache.v1alpha1.RenderTemplateRequest
-	5,  // 13: inferencecache.v1alpha1.InferenceCache.LookupRoute:input_type -> inferencecache.v1alpha1.LookupRouteRequest
-	5,  // 14: inferencecache.v1alpha1.InferenceCache.LookupRouteStream:input_type -> inferencecache.v1alpha1.LookupRouteRequest
-	8,  // 15: inferencecache.v1alpha1.InferenceCache.LookupPDRoute:input_type -> inferencecache.v1alpha1.LookupPDRouteRequest
-	10, // 16: inferencecache.v1alpha1.InferenceCache.GetCacheState:input_type -> inferencecache.v1alpha1.GetCacheStateRequest
-	13, // 17: inferencecache.v1alpha1.InferenceCache.ReportCacheState:input_type -> inferencecache.v1alpha1.CacheStateUpdate
-	16, // 18: inferencecache.v1alpha1.InferenceCache.PublishEvent:input_type -> inferencecache.v1alpha1.CacheEvent
-	17, // 19: inferencecache.v1alpha1.InferenceCache.StreamCacheEvents:input_type -> inferencecache.v1alpha1.StreamEventsRequest
-	18, // 20: inferencecache.v1alpha1.InferenceCache.StreamMetrics:input_type -> inferencecache.v1alpha1.StreamMetricsRequest
-	3,  // 21: inferencecache.v1alpha1.InferenceCache.RenderTemplate:output_type -> inferencecache.v1alpha1.RenderTemplateResponse
-	7,  // 22: inferencecache.v1alpha1.InferenceCache.LookupRoute:output_type -> inferencecache.v1alpha1.LookupRouteResponse
-	7,  // 23: inferencecache.v1alpha1.InferenceCache.LookupRouteStream:output_type -> inferencecache.v1alpha1.LookupRouteResponse
-	9,  // 24: inferencecache.v1alpha1.InferenceCache.LookupPDRoute:output_type -> inferencecache.v1alpha1.LookupPDRouteResponse
-	11, // 25: inferencecache.v1alpha1.InferenceCache.GetCacheState:output_type -> inferencecache.v1alpha1.GetCacheStateResponse
-	20, // 26: inferencecache.v1alpha1.InferenceCache.ReportCacheState:output_type -> inferencecache.v1alpha1.Ack
-	20, // 27: inferencecache.v1alpha1.InferenceCache.PublishEvent:output_type -> inferencecache.v1alpha1.Ack
-	16, // 28: inferencecache.v1alpha1.InferenceCache.StreamCacheEvents:output_type -> inferencecache.v1alpha1.CacheEvent
-	19, // 29: inferencecache.v1alpha1.InferenceCache.StreamMetrics:output_type -> inferencecache.v1alpha1.Metric
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	7,  // 3: inferencecache.v1alpha1.LookupRouteResponse.replica_scores:type_name -> inferencecache.v1alpha1.ReplicaScore
+	16, // 4: inferencecache.v1alpha1.GetCacheStateResponse.replicas:type_name -> inferencecache.v1alpha1.ReplicaStats
+	13, // 5: inferencecache.v1alpha1.GetCacheStateResponse.summary:type_name -> inferencecache.v1alpha1.CacheSummary
+	15, // 6: inferencecache.v1alpha1.CacheStateUpdate.prefixes:type_name -> inferencecache.v1alpha1.PrefixEntry
+	16, // 7: inferencecache.v1alpha1.CacheStateUpdate.stats:type_name -> inferencecache.v1alpha1.ReplicaStats
+	1,  // 8: inferencecache.v1alpha1.CacheStateUpdate.role:type_name -> inferencecache.v1alpha1.ReplicaRole
+	0,  // 9: inferencecache.v1alpha1.PrefixEntry.tier:type_name -> inferencecache.v1alpha1.CacheTier
+	2,  // 10: inferencecache.v1alpha1.CacheEvent.type:type_name -> inferencecache.v1alpha1.CacheEvent.Type
+	0,  // 11: inferencecache.v1alpha1.CacheEvent.tier:type_name -> inferencecache.v1alpha1.CacheTier
+	2,  // 12: inferencecache.v1alpha1.StreamEventsRequest.types:type_name -> inferencecache.v1alpha1.CacheEvent.Type
+	23, // 13: inferencecache.v1alpha1.Metric.labels:type_name -> inferencecache.v1alpha1.Metric.LabelsEntry
+	3,  // 14: inferencecache.v1alpha1.InferenceCache.RenderTemplate:input_type -> inferencecache.v1alpha1.RenderTemplateRequest
+	6,  // 15: inferencecache.v1alpha1.InferenceCache.LookupRoute:input_type -> inferencecache.v1alpha1.LookupRouteRequest
+	6,  // 16: inferencecache.v1alpha1.InferenceCache.LookupRouteStream:input_type -> inferencecache.v1alpha1.LookupRouteRequest
+	9,  // 17: inferencecache.v1alpha1.InferenceCache.LookupPDRoute:input_type -> inferencecache.v1alpha1.LookupPDRouteRequest
+	11, // 18: inferencecache.v1alpha1.InferenceCache.GetCacheState:input_type -> inferencecache.v1alpha1.GetCacheStateRequest
+	14, // 19: inferencecache.v1alpha1.InferenceCache.ReportCacheState:input_type -> inferencecache.v1alpha1.CacheStateUpdate
+	17, // 20: inferencecache.v1alpha1.InferenceCache.PublishEvent:input_type -> inferencecache.v1alpha1.CacheEvent
+	18, // 21: inferencecache.v1alpha1.InferenceCache.StreamCacheEvents:input_type -> inferencecache.v1alpha1.StreamEventsRequest
+	19, // 22: inferencecache.v1alpha1.InferenceCache.StreamMetrics:input_type -> inferencecache.v1alpha1.StreamMetricsRequest
+	4,  // 23: inferencecache.v1alpha1.InferenceCache.RenderTemplate:output_type -> inferencecache.v1alpha1.RenderTemplateResponse
+	8,  // 24: inferencecache.v1alpha1.InferenceCache.LookupRoute:output_type -> inferencecache.v1alpha1.LookupRouteResponse
+	8,  // 25: inferencecache.v1alpha1.InferenceCache.LookupRouteStream:output_type -> inferencecache.v1alpha1.LookupRouteResponse
+	10, // 26: inferencecache.v1alpha1.InferenceCache.LookupPDRoute:output_type -> inferencecache.v1alpha1.LookupPDRouteResponse
+	12, // 27: inferencecache.v1alpha1.InferenceCache.GetCacheState:output_type -> inferencecache.v1alpha1.GetCacheStateResponse
+	21, // 28: inferencecache.v1alpha1.InferenceCache.ReportCacheState:output_type -> inferencecache.v1alpha1.Ack
+	21, // 29: inferencecache.v1alpha1.InferenceCache.PublishEvent:output_type -> inferencecache.v1alpha1.Ack
+	17, // 30: inferencecache.v1alpha1.InferenceCache.StreamCacheEvents:output_type -> inferencecache.v1alpha1.CacheEvent
+	20, // 31: inferencecache.v1alpha1.InferenceCache.StreamMetrics:output_type -> inferencecache.v1alpha1.Metric
+	23, // [23:32] is the sub-list for method output_type
+	14, // [14:23] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_inferencecache_v1alpha1_inferencecache_proto_init() }
@@ -1848,7 +2149,7 @@ func file_inferencecache_v1alpha1_inferencecache_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inferencecache_v1alpha1_inferencecache_proto_rawDesc), len(file_inferencecache_v1alpha1_inferencecache_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,

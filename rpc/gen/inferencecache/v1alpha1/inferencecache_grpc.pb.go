@@ -37,7 +37,8 @@ const (
 // InferenceCache tells gateways which engine replicas already hold the KV
 // blocks of a prompt prefix, and lets engine-side producers keep it informed.
 type InferenceCacheClient interface {
-	// Renders a stored prompt template (stub: answers OK with empty bytes).
+	// Renders a PromptTemplate the controller pushed, with the hash of the
+	// part of the rendering its Stable slots alone decide (docs/wire.md).
 	RenderTemplate(ctx context.Context, in *RenderTemplateRequest, opts ...grpc.CallOption) (*RenderTemplateResponse, error)
 	// Ranks the replicas that hold the request's prefix. Fails open.
 	LookupRoute(ctx context.Context, in *LookupRouteRequest, opts ...grpc.CallOption) (*LookupRouteResponse, error)
@@ -47,7 +48,9 @@ type InferenceCacheClient interface {
 	// rate saves the per-call HTTP/2 stream setup; a draining server ends the
 	// stream with UNAVAILABLE after an answer, so the gateway reopens it.
 	LookupRouteStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[LookupRouteRequest, LookupRouteResponse], error)
-	// Picks a prefill/decode pair (stub: answers NO_HINT).
+	// Picks a prefill replica and a decode replica for disaggregated
+	// serving, or decode alone when the prefill hop is not worth it
+	// (docs/pd.md).
 	LookupPDRoute(ctx context.Context, in *LookupPDRouteRequest, opts ...grpc.CallOption) (*LookupPDRouteResponse, error)
 	// Reports per-replica stats and an index summary for a (model, tenant).
 	GetCacheState(ctx context.Context, in *GetCacheStateRequest, opts ...grpc.CallOption) (*GetCacheStateResponse, error)
@@ -55,9 +58,12 @@ type InferenceCacheClient interface {
 	ReportCacheState(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CacheStateUpdate, Ack], error)
 	// A single lifecycle event (eviction, full clear, liveness).
 	PublishEvent(ctx context.Context, in *CacheEvent, opts ...grpc.CallOption) (*Ack, error)
-	// Server stream of cache events (stub: closes at once).
+	// Server stream of every index change from the moment of subscription,
+	// filtered by tenant, model and type. A subscriber that falls behind its
+	// bounded buffer is ended with RESOURCE_EXHAUSTED (docs/wire.md).
 	StreamCacheEvents(ctx context.Context, in *StreamEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CacheEvent], error)
-	// Server stream of metric samples (stub: closes at once).
+	// Server stream of the named metrics' current values, one batch per
+	// requested interval (docs/wire.md).
 	StreamMetrics(ctx context.Context, in *StreamMetricsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Metric], error)
 }
 
@@ -190,7 +196,8 @@ type InferenceCache_StreamMetricsClient = grpc.ServerStreamingClient[Metric]
 // InferenceCache tells gateways which engine replicas already hold the KV
 // blocks of a prompt prefix, and lets engine-side producers keep it informed.
 type InferenceCacheServer interface {
-	// Renders a stored prompt template (stub: answers OK with empty bytes).
+	// Renders a PromptTemplate the controller pushed, with the hash of the
+	// part of the rendering its Stable slots alone decide (docs/wire.md).
 	RenderTemplate(context.Context, *RenderTemplateRequest) (*RenderTemplateResponse, error)
 	// Ranks the replicas that hold the request's prefix. Fails open.
 	LookupRoute(context.Context, *LookupRouteRequest) (*LookupRouteResponse, error)
@@ -200,7 +207,9 @@ type InferenceCacheServer interface {
 	// rate saves the per-call HTTP/2 stream setup; a draining server ends the
 	// stream with UNAVAILABLE after an answer, so the gateway reopens it.
 	LookupRouteStream(grpc.BidiStreamingServer[LookupRouteRequest, LookupRouteResponse]) error
-	// Picks a prefill/decode pair (stub: answers NO_HINT).
+	// Picks a prefill replica and a decode replica for disaggregated
+	// serving, or decode alone when the prefill hop is not worth it
+	// (docs/pd.md).
 	LookupPDRoute(context.Context, *LookupPDRouteRequest) (*LookupPDRouteResponse, error)
 	// Reports per-replica stats and an index summary for a (model, tenant).
 	GetCacheState(context.Context, *GetCacheStateRequest) (*GetCacheStateResponse, error)
@@ -208,9 +217,12 @@ type InferenceCacheServer interface {
 	ReportCacheState(grpc.ClientStreamingServer[CacheStateUpdate, Ack]) error
 	// A single lifecycle event (eviction, full clear, liveness).
 	PublishEvent(context.Context, *CacheEvent) (*Ack, error)
-	// Server stream of cache events (stub: closes at once).
+	// Server stream of every index change from the moment of subscription,
+	// filtered by tenant, model and type. A subscriber that falls behind its
+	// bounded buffer is ended with RESOURCE_EXHAUSTED (docs/wire.md).
 	StreamCacheEvents(*StreamEventsRequest, grpc.ServerStreamingServer[CacheEvent]) error
-	// Server stream of metric samples (stub: closes at once).
+	// Server stream of the named metrics' current values, one batch per
+	// requested interval (docs/wire.md).
 	StreamMetrics(*StreamMetricsRequest, grpc.ServerStreamingServer[Metric]) error
 	mustEmbedUnimplementedInferenceCacheServer()
 }
