@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -223,9 +224,15 @@ func run(ctx context.Context, args []string) error {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		// Listen before anything else starts: a taken port is a clear exit,
+		// not a subscriber silently running without its /metrics.
+		ln, err := net.Listen("tcp", metricsAdr)
+		if err != nil {
+			return fmt.Errorf("cannot listen for /metrics on %s: %w", metricsAdr, err)
+		}
 		metricsSrv = &http.Server{Addr: metricsAdr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() {
-			if err := metricsSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := metricsSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Error("metrics listener failed", "addr", metricsAdr, "err", err)
 			}
 		}()

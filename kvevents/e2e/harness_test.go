@@ -119,6 +119,27 @@ func freePort(t *testing.T) int {
 
 func addr(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
 
+// bindAttempts bounds the starts of one process that lost a port race.
+const bindAttempts = 5
+
+// lostBindRace reports whether p exited because a port it was to listen
+// on was taken.
+func lostBindRace(p *proc) bool {
+	return p.exited() && strings.Contains(p.out.String(), "address already in use")
+}
+
+// settleBind waits briefly for p to either keep running or exit having lost
+// a port race (a bind is among the first things each binary does); it
+// reports whether p lost one.
+func settleBind(p *proc) bool {
+	select {
+	case <-p.done:
+		return lostBindRace(p)
+	case <-time.After(500 * time.Millisecond):
+		return false
+	}
+}
+
 // logBuffer collects a process's output.
 type logBuffer struct {
 	mu sync.Mutex // guards b
@@ -234,13 +255,31 @@ func startServer(t *testing.T, ports *serverProc) *serverProc {
 	t.Helper()
 	built(t)
 	s := ports
-	if s == nil {
-		s = &serverProc{grpcPort: freePort(t), httpPort: freePort(t), intPort: freePort(t)}
+	fresh := s == nil
+	if fresh {
+		s = &serverProc{}
 	}
-	args := append([]string{"--grpc-bind-address", addr(s.grpcPort), "--http-bind-address", addr(s.httpPort),
-		"--snapshot-bind-address", addr(s.intPort), "--insecure-disable-auth", "--log-format", "text"}, s.extra...)
-	s.proc = startProc(t, "server", bins.server, args...)
-	if _, ok := poll(15*time.Second, func() bool { return httpStatus("http://"+addr(s.httpPort)+"/readyz") == http.StatusOK }); !ok {
+	// A port probed free can be taken by another test binary before the
+	// server binds it; such a start is retried (on new ports when the
+	// caller did not fix them, else on the same ones a moment later).
+	for attempt := 1; ; attempt++ {
+		if fresh {
+			s.grpcPort, s.httpPort, s.intPort = freePort(t), freePort(t), freePort(t)
+		}
+		args := append([]string{"--grpc-bind-address", addr(s.grpcPort), "--http-bind-address", addr(s.httpPort),
+			"--snapshot-bind-address", addr(s.intPort), "--insecure-disable-auth", "--log-format", "text"}, s.extra...)
+		s.proc = startProc(t, "server", bins.server, args...)
+		_, ok := poll(15*time.Second, func() bool {
+			return s.exited() || httpStatus("http://"+addr(s.httpPort)+"/readyz") == http.StatusOK
+		})
+		if ok && !s.exited() {
+			break
+		}
+		if s.exited() && lostBindRace(s.proc) && attempt < bindAttempts {
+			t.Logf("server start %d lost a port race, retrying", attempt)
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
 		t.Fatalf("server not ready within 15 s")
 	}
 	// What the controller pushes: crisp answers for tenant "t" (a miss is
@@ -321,18 +360,25 @@ type engineProc struct {
 func startEngine(t *testing.T, spec engineSpec, pubPort, repPort int, waitSub time.Duration, extra ...string) *engineProc {
 	t.Helper()
 	built(t)
-	if pubPort == 0 {
-		pubPort, repPort = freePort(t), freePort(t)
+	fresh := pubPort == 0
+	for attempt := 1; ; attempt++ {
+		if fresh {
+			pubPort, repPort = freePort(t), freePort(t)
+		}
+		e := &engineProc{spec: spec, pubPort: pubPort, repPort: repPort}
+		args := []string{
+			"--endpoint", "tcp://" + addr(pubPort), "--replay-endpoint", "tcp://" + addr(repPort), "--topic", "kv-events",
+			"--engine", spec.flavor, "--workload", "synthetic", "--seed", strconv.FormatUint(spec.seed, 10),
+			"--sessions", strconv.Itoa(spec.sessions), "--blocks-per-turn", "4", "--block-size", "16",
+			"--capacity-blocks", strconv.Itoa(spec.capacity), "--turns", strconv.Itoa(spec.turns), "--interval", "2ms",
+			"--ring-size", strconv.Itoa(spec.ring), "--wait-subscriber", waitSub.String(), "--linger"}
+		e.proc = startProc(t, "engine", bins.engine, append(args, extra...)...)
+		if !settleBind(e.proc) || attempt == bindAttempts {
+			return e
+		}
+		t.Logf("engine start %d lost a port race, retrying", attempt)
+		time.Sleep(200 * time.Millisecond)
 	}
-	e := &engineProc{spec: spec, pubPort: pubPort, repPort: repPort}
-	args := []string{
-		"--endpoint", "tcp://" + addr(pubPort), "--replay-endpoint", "tcp://" + addr(repPort), "--topic", "kv-events",
-		"--engine", spec.flavor, "--workload", "synthetic", "--seed", strconv.FormatUint(spec.seed, 10),
-		"--sessions", strconv.Itoa(spec.sessions), "--blocks-per-turn", "4", "--block-size", "16",
-		"--capacity-blocks", strconv.Itoa(spec.capacity), "--turns", strconv.Itoa(spec.turns), "--interval", "2ms",
-		"--ring-size", strconv.Itoa(spec.ring), "--wait-subscriber", waitSub.String(), "--linger"}
-	e.proc = startProc(t, "engine", bins.engine, append(args, extra...)...)
-	return e
 }
 
 // waitIdle waits until the engine published its whole workload.
@@ -406,10 +452,15 @@ func subArgs(id string, e *engineProc, srv *serverProc, metricsPort int, extra .
 func startSubscriber(t *testing.T, id string, e *engineProc, srv *serverProc, extra ...string) *subProc {
 	t.Helper()
 	built(t)
-	mp := freePort(t)
-	s := &subProc{metricsPort: mp, args: subArgs(id, e, srv, mp, extra...)}
-	s.proc = startProc(t, "subscriber "+id, bins.subscriber, s.args...)
-	return s
+	for attempt := 1; ; attempt++ {
+		mp := freePort(t)
+		s := &subProc{metricsPort: mp, args: subArgs(id, e, srv, mp, extra...)}
+		s.proc = startProc(t, "subscriber "+id, bins.subscriber, s.args...)
+		if !settleBind(s.proc) || attempt == bindAttempts {
+			return s
+		}
+		t.Logf("subscriber start %d lost a port race, retrying", attempt)
+	}
 }
 
 // restart starts the subscriber again with the same flags (the previous
