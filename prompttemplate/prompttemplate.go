@@ -267,56 +267,88 @@ func commonPrefix(a, b string) int {
 	return i
 }
 
-// Validate checks a PromptTemplate spec the way the admission webhook
-// should: the body compiles, every name it reads is a declared slot, and
-// every declared slot is read. Slot declarations must be well formed
-// (non-empty unique names, type Stable or Mutable). The error, wrapping
-// ErrInvalidTemplate, names every problem found.
-func Validate(body string, slots []policy.TemplateSlot) error {
-	var problems []string
+// Problem is one thing wrong with a PromptTemplate spec. Slot is the index
+// of the slot it is about (-1: the body); Attr the slot's attribute ("name",
+// "type"); Value the offending value, so that a caller keying problems by
+// (place, value) can tell a new problem from one the spec already had.
+type Problem struct {
+	Slot   int
+	Attr   string
+	Value  string
+	Detail string
+}
+
+// Check lists what is wrong with a PromptTemplate spec, the rules the
+// admission webhook enforces: the body is non-empty and compiles, every name
+// it reads is a declared slot, every declared slot is read, and slot
+// declarations are well formed (non-empty unique names, type Stable or
+// Mutable). Problems come in a stable order.
+func Check(body string, slots []policy.TemplateSlot) []Problem {
+	var out []Problem
+	bodyProblem := func(value, detail string) {
+		out = append(out, Problem{Slot: -1, Value: value, Detail: detail})
+	}
 	if body == "" {
-		problems = append(problems, "empty body")
+		bodyProblem("", "empty body")
 	}
-	declared := map[string]bool{}
-	for _, s := range slots {
-		switch {
+	declared := map[string]int{} // slot name → index of its first declaration
+	for i, s := range slots {
+		switch _, dup := declared[s.Name]; {
 		case s.Name == "":
-			problems = append(problems, "a slot has an empty name")
-		case declared[s.Name]:
-			problems = append(problems, fmt.Sprintf("slot %q is declared twice", s.Name))
+			out = append(out, Problem{Slot: i, Attr: "name", Detail: "a slot has an empty name"})
+		case dup:
+			out = append(out, Problem{Slot: i, Attr: "name", Value: s.Name, Detail: fmt.Sprintf("slot %q is declared twice", s.Name)})
+		default:
+			declared[s.Name] = i
 		}
-		declared[s.Name] = true
 		if s.Type != policy.SlotStable && s.Type != policy.SlotMutable {
-			problems = append(problems, fmt.Sprintf("slot %q has type %q, want Stable or Mutable", s.Name, s.Type))
+			out = append(out, Problem{Slot: i, Attr: "type", Value: s.Type,
+				Detail: fmt.Sprintf("slot %q has type %q, want Stable or Mutable", s.Name, s.Type)})
 		}
 	}
-	if body != "" {
-		if _, err := compile(body); err != nil {
-			problems = append(problems, "the body "+err.Error())
-		} else if names, err := Names(body); err != nil {
-			problems = append(problems, "the body cannot be analyzed: "+err.Error())
-		} else {
-			used := map[string]bool{}
-			for _, n := range names {
-				used[n] = true
-				if !declared[n] {
-					problems = append(problems, fmt.Sprintf("the body uses %q, which is not a declared slot", n))
-				}
-			}
-			var unused []string
-			for n := range declared {
-				if n != "" && !used[n] {
-					unused = append(unused, n)
-				}
-			}
-			slices.Sort(unused)
-			for _, n := range unused {
-				problems = append(problems, fmt.Sprintf("slot %q is declared but the body never uses it", n))
-			}
+	if body == "" {
+		return out
+	}
+	if _, err := compile(body); err != nil {
+		bodyProblem(err.Error(), "the body "+err.Error())
+		return out
+	}
+	names, err := Names(body)
+	if err != nil {
+		bodyProblem(err.Error(), "the body cannot be analyzed: "+err.Error())
+		return out
+	}
+	used := map[string]bool{}
+	for _, n := range names {
+		used[n] = true
+		if _, ok := declared[n]; !ok {
+			bodyProblem(n, fmt.Sprintf("the body uses %q, which is not a declared slot", n))
 		}
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("%w: %s", ErrInvalidTemplate, strings.Join(problems, "; "))
+	var unused []string
+	for n := range declared {
+		if n != "" && !used[n] {
+			unused = append(unused, n)
+		}
 	}
-	return nil
+	slices.Sort(unused)
+	for _, n := range unused {
+		out = append(out, Problem{Slot: declared[n], Attr: "name", Value: n,
+			Detail: fmt.Sprintf("slot %q is declared but the body never uses it", n)})
+	}
+	return out
+}
+
+// Validate is Check as one error wrapping ErrInvalidTemplate that names
+// every problem found (nil when there is none).
+func Validate(body string, slots []policy.TemplateSlot) error {
+	problems := Check(body, slots)
+	if len(problems) == 0 {
+		return nil
+	}
+	details := make([]string, len(problems))
+	for i, p := range problems {
+		details[i] = p.Detail
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidTemplate, strings.Join(details, "; "))
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/inferencecache/policy"
+	"github.com/inferencecache/inferencecache/prompttemplate"
 )
 
 var floorScoreRE = regexp.MustCompile(v1alpha1.RoutingFloorScorePattern)
@@ -294,6 +295,27 @@ func PDTopologySpec(spec *v1alpha1.PDTopologySpec, p *field.Path) field.ErrorLis
 	}
 	check(spec.PrefillPools, "prefillPools")
 	check(spec.DecodePools, "decodePools")
+	return errs
+}
+
+// PromptTemplateSpec checks a template body against its slot declarations
+// (prompttemplate.Check): the body compiles, names only declared slots and
+// uses every one it declares. A problem with the body is reported on
+// spec.body with the offending name as its value; one with a declaration on
+// that slot's name or type.
+func PromptTemplateSpec(spec *v1alpha1.PromptTemplateSpec, p *field.Path) field.ErrorList {
+	slots := make([]policy.TemplateSlot, len(spec.Slots))
+	for i, s := range spec.Slots {
+		slots[i] = policy.TemplateSlot{Name: s.Name, Type: string(s.Type), Required: s.Required}
+	}
+	var errs field.ErrorList
+	for _, pr := range prompttemplate.Check(spec.Body, slots) {
+		fp := p.Child("body")
+		if pr.Slot >= 0 {
+			fp = p.Child("slots").Index(pr.Slot).Child(pr.Attr)
+		}
+		errs = append(errs, field.Invalid(fp, pr.Value, pr.Detail))
+	}
 	return errs
 }
 

@@ -1,6 +1,7 @@
 package validation
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -261,5 +262,53 @@ func TestCacheBackendEngineOverrides(t *testing.T) {
 	}
 	if CacheBackendEngineOverrides(&v1alpha1.CacheBackendSpec{}, field.NewPath("spec")) != nil {
 		t.Error("no overrides refused")
+	}
+}
+
+func TestPromptTemplateSpec(t *testing.T) {
+	slot := func(name string, typ v1alpha1.SlotType) v1alpha1.PromptTemplateSlot {
+		return v1alpha1.PromptTemplateSlot{Name: name, Type: typ}
+	}
+	check := func(spec v1alpha1.PromptTemplateSpec) field.ErrorList {
+		return PromptTemplateSpec(&spec, field.NewPath("spec"))
+	}
+	fields := func(errs field.ErrorList) string {
+		var got []string
+		for _, e := range errs {
+			got = append(got, e.Field+"="+fmt.Sprint(e.BadValue))
+		}
+		return strings.Join(got, ",")
+	}
+	for _, c := range []struct {
+		spec v1alpha1.PromptTemplateSpec
+		want string
+	}{
+		{v1alpha1.PromptTemplateSpec{Body: "{{ a }} {{ b }}", Slots: []v1alpha1.PromptTemplateSlot{slot("a", v1alpha1.SlotStable), slot("b", v1alpha1.SlotMutable)}}, ""},
+		{v1alpha1.PromptTemplateSpec{Body: "no slots at all"}, ""},
+		{v1alpha1.PromptTemplateSpec{Body: "{{ a }} {{ c }}", Slots: []v1alpha1.PromptTemplateSlot{slot("a", v1alpha1.SlotStable), slot("b", v1alpha1.SlotMutable)}},
+			"spec.body=c,spec.slots[1].name=b"},
+		{v1alpha1.PromptTemplateSpec{Body: "{{ a }}", Slots: []v1alpha1.PromptTemplateSlot{slot("a", v1alpha1.SlotStable), slot("a", v1alpha1.SlotMutable)}},
+			"spec.slots[1].name=a"},
+		{v1alpha1.PromptTemplateSpec{Body: "{{ a }}", Slots: []v1alpha1.PromptTemplateSlot{slot("a", "Sometimes")}}, "spec.slots[0].type=Sometimes"},
+	} {
+		if got := fields(check(c.spec)); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.spec, got, c.want)
+		}
+	}
+	if errs := check(v1alpha1.PromptTemplateSpec{Body: "{% if a %}"}); len(errs) != 1 || errs[0].Field != "spec.body" {
+		t.Errorf("a body that does not compile: %v", errs)
+	}
+
+	// UPDATE ratchets: a legacy template reading an undeclared slot stays
+	// editable, but a second undeclared name is refused.
+	legacy := v1alpha1.PromptTemplateSpec{Body: "{{ a }} {{ x }}", Slots: []v1alpha1.PromptTemplateSlot{slot("a", v1alpha1.SlotStable)}}
+	edited := *legacy.DeepCopy()
+	edited.Slots[0].Description = "notes"
+	if errs := Introduced(check(edited), check(legacy)); len(errs) != 0 {
+		t.Errorf("description edit of a legacy template refused: %v", errs)
+	}
+	edited.Body = "{{ a }} {{ x }} {{ y }}"
+	if got := fields(Introduced(check(edited), check(legacy))); got != "spec.body=y" {
+		t.Errorf("new undeclared name: %q", got)
 	}
 }

@@ -190,7 +190,18 @@ func (p *PodInjector) Handle(ctx context.Context, req admission.Request) admissi
 	if cb == nil {
 		return admission.Allowed("")
 	}
+	hadSubscriber := hasSubscriber(&pod)
 	warnings, changed := Inject(&pod, cb, p.Options)
+	if changed && !hadSubscriber && hasSubscriber(&pod) {
+		var tops v1alpha1.PDTopologyList
+		if err := p.Reader.List(ctx, &tops, client.InNamespace(ns)); err != nil {
+			// Fail open: the replica reports no role, and the server counts
+			// it out of every P/D pool until a restart re-admits it.
+			warnings = append(warnings, fmt.Sprintf("inferencecache: cannot list PDTopologies in namespace %q, the sidecar reports no P/D role: %v", ns, err))
+		} else {
+			InjectPlacement(&pod, claim.PlacementOf(tops.Items, pod.Labels))
+		}
+	}
 	p.announce(cb, &pod, ns, warnings)
 	if !changed {
 		return admission.Allowed("").WithWarnings(warnings...)

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/claim"
 	"github.com/inferencecache/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/inferencecache/operator/internal/validation"
 )
@@ -366,6 +367,55 @@ func subscriber(in v1alpha1.CacheBackendIntegration, model string, o PodInjector
 			SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		},
 	}
+}
+
+// Downward-API variables of the sidecar's placement flags.
+const (
+	envNodeName = "NODE_NAME"
+	envNodeZone = "NODE_ZONE"
+	// LabelZone is the well-known zone label; the sidecar reports the
+	// pod's own (the downward API cannot read the node's labels), so set
+	// it on the pods (e.g. one Deployment per zone) for zone locality.
+	LabelZone = "topology.kubernetes.io/zone"
+)
+
+// InjectPlacement adds the P/D placement flags to the injected sidecar:
+// --role and --pd-pool from pl, and --node-name / --zone through the
+// downward API (spec.nodeName, the pod's LabelZone label) for the
+// topology's kvLocality. A zero pl (the pod is in no pool) or a pod
+// without the sidecar is left alone; a flag the sidecar has is kept.
+func InjectPlacement(pod *corev1.Pod, pl claim.PDPlacement) {
+	if pl.Role == "" {
+		return
+	}
+	i := slices.IndexFunc(pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == SubscriberContainer })
+	if i < 0 {
+		return
+	}
+	c := &pod.Spec.Containers[i]
+	args := []string{"--role=" + pl.Role}
+	if pl.Pool != "" {
+		args = append(args, "--pd-pool="+pl.Pool)
+	}
+	args = append(args, "--node-name=$("+envNodeName+")", "--zone=$("+envNodeZone+")")
+	for _, a := range args {
+		if !hasFlag(c, flagName(a)) {
+			c.Args = append(c.Args, a)
+		}
+	}
+	for _, e := range []corev1.EnvVar{
+		{Name: envNodeName, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
+		{Name: envNodeZone, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['" + LabelZone + "']"}}},
+	} {
+		if !slices.ContainsFunc(c.Env, func(x corev1.EnvVar) bool { return x.Name == e.Name }) {
+			c.Env = append(c.Env, e)
+		}
+	}
+}
+
+// hasSubscriber reports whether pod has the sidecar container.
+func hasSubscriber(pod *corev1.Pod) bool {
+	return slices.ContainsFunc(pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == SubscriberContainer })
 }
 
 // engineContainer is the index of the engine container, or -1.

@@ -641,3 +641,31 @@ func TestInjectFollowsTheEnginesEventsConfig(t *testing.T) {
 		})
 	}
 }
+
+func TestInjectPlacement(t *testing.T) {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm"},
+		{Name: SubscriberContainer, Args: []string{"--replica-id=$(POD_NAME)", "--zone=us-east-1a"}}}}}
+	InjectPlacement(pod, claim.PDPlacement{})
+	if got := pod.Spec.Containers[1].Args; len(got) != 2 {
+		t.Fatalf("no placement changed the sidecar: %v", got)
+	}
+	InjectPlacement(pod, claim.PDPlacement{Topology: "pd", Role: claim.RoleBoth})
+	sub := pod.Spec.Containers[1]
+	// The sidecar's own --zone wins; no --pd-pool without a pool.
+	want := []string{"--replica-id=$(POD_NAME)", "--zone=us-east-1a", "--role=both", "--node-name=$(NODE_NAME)"}
+	if !slices.Equal(sub.Args, want) {
+		t.Errorf("args %v, want %v", sub.Args, want)
+	}
+	if len(sub.Env) != 2 || sub.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("env %+v", sub.Env)
+	}
+	InjectPlacement(pod, claim.PDPlacement{Topology: "pd", Role: claim.RoleBoth})
+	if len(pod.Spec.Containers[1].Args) != len(want) || len(pod.Spec.Containers[1].Env) != 2 {
+		t.Errorf("not idempotent: %+v", pod.Spec.Containers[1])
+	}
+	bare := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm"}}}}
+	InjectPlacement(bare, claim.PDPlacement{Role: claim.RolePrefill})
+	if len(bare.Spec.Containers[0].Args) != 0 {
+		t.Errorf("a pod without the sidecar was changed: %+v", bare.Spec.Containers)
+	}
+}

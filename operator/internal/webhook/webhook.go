@@ -1,6 +1,6 @@
 // Package webhook holds the validating admission webhooks of the
 // inferencecache.io kinds (CachePolicy, CacheTenant, CacheBackend,
-// PDTopology) and the mutating pod webhook that wires engine pods to their
+// PDTopology, PromptTemplate) and the mutating pod webhook that wires engine pods to their
 // CacheBackend (PodInjector, which fails open).
 //
 // Field rules come from package validation. The cross-object rules (one
@@ -42,7 +42,7 @@ type Options struct {
 	BackendPolicy validation.BackendPolicy
 }
 
-// Setup registers the four validating webhooks with mgr's webhook server.
+// Setup registers the five validating webhooks with mgr's webhook server.
 // reader lists sibling objects; pass mgr.GetAPIReader() for live reads.
 func Setup(mgr ctrl.Manager, reader client.Reader, o Options) error {
 	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.CachePolicy{}).
@@ -57,8 +57,12 @@ func Setup(mgr ctrl.Manager, reader client.Reader, o Options) error {
 		WithValidator(&CacheBackendValidator{Policy: o.BackendPolicy}).Complete(); err != nil {
 		return err
 	}
-	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.PDTopology{}).
-		WithValidator(&PDTopologyValidator{}).Complete()
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1alpha1.PDTopology{}).
+		WithValidator(&PDTopologyValidator{}).Complete(); err != nil {
+		return err
+	}
+	return ctrl.NewWebhookManagedBy(mgr, &v1alpha1.PromptTemplate{}).
+		WithValidator(&PromptTemplateValidator{}).Complete()
 }
 
 // PodInjectionPath is the path of the mutating pod webhook.

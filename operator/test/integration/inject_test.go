@@ -388,3 +388,54 @@ func TestPodInjectionOptInNamespace(t *testing.T) {
 		t.Fatalf("a pod of a namespace without %s=enabled was injected (by %q): %v", "inferencecache.io/injection", by, g.Spec.Containers[0].Args)
 	}
 }
+
+// TestPodInjectionPDPlacement: an engine pod selected by a PDTopology pool
+// gets a sidecar reporting its role, pool, node and zone (downward API,
+// accepted by the apiserver); a pod in no pool reports none.
+func TestPodInjectionPDPlacement(t *testing.T) {
+	ctx := needEnv(t)
+	ns := injectionNamespace(t, ctx, "inject-pd")
+	wantOK(t, "backend", k8s.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cb"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendExternal, Endpoint: "ext:8200",
+			EngineSelector: &v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "pd"}},
+			BackendConfig:  map[string]string{icwebhook.BackendConfigModel: "m"}}}))
+	wantOK(t, "topology", k8s.Create(ctx, &v1alpha1.PDTopology{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pd"},
+		Spec: v1alpha1.PDTopologySpec{
+			PrefillPools: []v1alpha1.PDPool{{Name: "fill", MatchLabels: map[string]string{"app": "pd", "side": "prefill"}}},
+			DecodePools:  []v1alpha1.PDPool{{Name: "gen", MatchLabels: map[string]string{"app": "pd", "side": "decode"}}},
+		}}))
+	sidecar := func(name string, labels map[string]string) corev1.Container {
+		t.Helper()
+		p := podObj(ns, name, labels)
+		wantOK(t, "create pod "+name, k8s.Create(ctx, p))
+		var g corev1.Pod
+		wantOK(t, "get pod "+name, k8s.Get(ctx, client.ObjectKeyFromObject(p), &g))
+		i := slices.IndexFunc(g.Spec.Containers, func(c corev1.Container) bool { return c.Name == icwebhook.SubscriberContainer })
+		if i < 0 {
+			t.Fatalf("pod %s: no sidecar in %v", name, g.Spec.Containers)
+		}
+		return g.Spec.Containers[i]
+	}
+	for _, c := range []struct {
+		pod, side, role, pool string
+	}{{"p-0", "prefill", "prefill", "fill"}, {"d-0", "decode", "decode", "gen"}} {
+		sub := sidecar(c.pod, map[string]string{"app": "pd", "side": c.side, icwebhook.LabelZone: "zone-a"})
+		for _, want := range []string{"--role=" + c.role, "--pd-pool=" + c.pool, "--node-name=$(NODE_NAME)", "--zone=$(NODE_ZONE)"} {
+			if !slices.Contains(sub.Args, want) {
+				t.Errorf("%s: sidecar args %v lack %s", c.pod, sub.Args, want)
+			}
+		}
+		refs := map[string]string{}
+		for _, e := range sub.Env {
+			if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+				refs[e.Name] = e.ValueFrom.FieldRef.FieldPath
+			}
+		}
+		if refs["NODE_NAME"] != "spec.nodeName" || refs["NODE_ZONE"] != "metadata.labels['topology.kubernetes.io/zone']" {
+			t.Errorf("%s: downward API env %v", c.pod, refs)
+		}
+	}
+	if sub := sidecar("plain-0", map[string]string{"app": "pd"}); countFlag(sub.Args, "--role")+countFlag(sub.Args, "--node-name") != 0 {
+		t.Errorf("a pod in no pool got placement flags: %v", sub.Args)
+	}
+}

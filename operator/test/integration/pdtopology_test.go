@@ -40,3 +40,39 @@ func TestPDTopologyAcceleratorTypes(t *testing.T) {
 	}), "spec.decodePools[0].acceleratorType", `"mi300"`)
 	wantOK(t, "unrelated update", update(ctx, ok, func(p *v1alpha1.PDTopology) { p.Spec.PrefillPools[0].Replicas = ptr(int32(2)) }))
 }
+
+// TestPromptTemplateSlots: the apiserver refuses a PromptTemplate whose body
+// reads a slot it does not declare, declares one it never reads, or does
+// not compile, naming the field and the slot; an UPDATE is refused only for
+// what it newly breaks.
+func TestPromptTemplateSlots(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "pt-slots", false)
+	pt := func(name, body string, slots ...v1alpha1.PromptTemplateSlot) *v1alpha1.PromptTemplate {
+		return &v1alpha1.PromptTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: v1alpha1.PromptTemplateSpec{Body: body, Slots: slots}}
+	}
+	stable := func(n string) v1alpha1.PromptTemplateSlot {
+		return v1alpha1.PromptTemplateSlot{Name: n, Type: v1alpha1.SlotStable}
+	}
+	mutable := func(n string) v1alpha1.PromptTemplateSlot {
+		return v1alpha1.PromptTemplateSlot{Name: n, Type: v1alpha1.SlotMutable, Required: true}
+	}
+	ok := pt("ok", "{{ system }}\n{% for d in docs %}{{ d }}{% endfor %}\nUser: {{ question }}", stable("system"), stable("docs"), mutable("question"))
+	wantOK(t, "valid template", k8s.Create(ctx, ok))
+	wantOK(t, "no slots", k8s.Create(ctx, pt("plain", "You are a helpful assistant.")))
+
+	wantDenied(t, "undeclared slot", k8s.Create(ctx, pt("undeclared", "{{ system }} {{ user }}", stable("system"))),
+		"spec.body", `"user"`, "not a declared slot")
+	wantDenied(t, "unused slot", k8s.Create(ctx, pt("unused", "{{ system }}", stable("system"), mutable("question"))),
+		"spec.slots[1].name", `"question"`, "never uses")
+	wantDenied(t, "body does not compile", k8s.Create(ctx, pt("broken", "{% if system %}{{ system }}", stable("system"))),
+		"spec.body")
+
+	// UPDATE: dropping a slot the body reads is refused; a description
+	// edit is admitted.
+	wantDenied(t, "drop a used slot", update(ctx, ok, func(p *v1alpha1.PromptTemplate) {
+		p.Spec.Slots = p.Spec.Slots[:2]
+	}), "spec.body", `"question"`)
+	wantOK(t, "description edit", update(ctx, ok, func(p *v1alpha1.PromptTemplate) { p.Spec.Slots[0].Description = "the fixed system prompt" }))
+}
