@@ -4,7 +4,14 @@
 // types, so the JSON keys and omitempty rules are defined exactly once.
 package controlapi
 
-import "time"
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
 
 // CacheSnapshot is the GET /snapshot body: the server's in-memory aggregate.
 // The reserved probe tenant is excluded everywhere, and the sum of
@@ -140,4 +147,68 @@ type ProbeResponse struct {
 type ProbeError struct {
 	Stage   string `json:"stage"`
 	Message string `json:"message"`
+}
+
+// T2Endpoint is a parsed ProbeRequest.T2Endpoint: "host:port",
+// "redis://[user:password@]host:port[/db]" or "rediss://…" (TLS).
+type T2Endpoint struct {
+	Addr           string // host:port
+	User, Password string
+	DB             string // the database number, empty for the default
+	TLS            bool
+}
+
+// ParseT2Endpoint parses a remote tier's endpoint, the form the /probe
+// body's t2Endpoint and a CacheBackend's spec.remoteStorage.endpoint take.
+func ParseT2Endpoint(s string) (T2Endpoint, error) {
+	var ep T2Endpoint
+	shown := RedactT2Endpoint(s) // errors never carry the password
+	if !strings.Contains(s, "://") {
+		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
+			return ep, fmt.Errorf("remote tier endpoint %q: want host:port or redis://host:port", shown)
+		}
+		ep.Addr = s
+		return ep, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return ep, fmt.Errorf("remote tier endpoint %q: not a URL", shown)
+	}
+	switch u.Scheme {
+	case "redis":
+	case "rediss":
+		ep.TLS = true
+	default:
+		return ep, fmt.Errorf("remote tier endpoint %q: scheme %q, want redis or rediss", shown, u.Scheme)
+	}
+	if u.Port() == "" || u.Hostname() == "" {
+		return ep, fmt.Errorf("remote tier endpoint %q: want host:port", shown)
+	}
+	ep.Addr = u.Host
+	if u.User != nil {
+		ep.User = u.User.Username()
+		ep.Password, _ = u.User.Password()
+	}
+	if db := strings.Trim(u.Path, "/"); db != "" {
+		if _, err := strconv.Atoi(db); err != nil {
+			return ep, fmt.Errorf("remote tier endpoint %q: database %q is not a number", shown, db)
+		}
+		ep.DB = db
+	}
+	return ep, nil
+}
+
+// RedactT2Endpoint is endpoint with the user information of a URL form
+// replaced by "***", for messages and logs.
+func RedactT2Endpoint(endpoint string) string {
+	i := strings.Index(endpoint, "://")
+	if i < 0 {
+		return endpoint
+	}
+	rest := endpoint[i+3:]
+	at := strings.LastIndex(rest, "@")
+	if at < 0 || strings.ContainsAny(rest[:at], "/?#") {
+		return endpoint
+	}
+	return endpoint[:i+3] + "***@" + rest[at+1:]
 }

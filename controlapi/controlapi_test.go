@@ -54,3 +54,35 @@ func TestProbeJSONKeys(t *testing.T) {
 		t.Fatalf("got %s", b)
 	}
 }
+
+func TestParseT2Endpoint(t *testing.T) {
+	ep, err := ParseT2Endpoint("rediss://app:s3cret@cache.ns.svc:6380/2")
+	if err != nil || ep != (T2Endpoint{Addr: "cache.ns.svc:6380", User: "app", Password: "s3cret", DB: "2", TLS: true}) {
+		t.Fatalf("%+v %v", ep, err)
+	}
+	if ep, err := ParseT2Endpoint("[::1]:6379"); err != nil || ep.Addr != "[::1]:6379" || ep.TLS {
+		t.Fatalf("%+v %v", ep, err)
+	}
+	for in, want := range map[string]string{
+		"redis-without-port":           "want host:port",
+		"lm://h:1":                     `scheme "lm"`,
+		"redis://:s3cret@h:1/x":        "not a number",
+		"redis://u:s3cret@:1":          "want host:port",
+		"redis://u:s3cret@h:1/%zz":     "not a URL",
+		"redis://user:s3cret@hostonly": "want host:port",
+	} {
+		_, err := ParseT2Endpoint(in)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", in, err, want)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%q: the error carries the password: %v", in, err)
+		}
+	}
+	if got := RedactT2Endpoint("redis://u:pw@h:1/0"); got != "redis://***@h:1/0" {
+		t.Errorf("redacted %q", got)
+	}
+	if got := RedactT2Endpoint("h:1"); got != "h:1" {
+		t.Errorf("redacted %q", got)
+	}
+}

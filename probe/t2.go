@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -53,7 +52,7 @@ func (p RemoteT2) ProbeT2(ctx context.Context, req controlapi.ProbeRequest) erro
 	if req.T2Provider != "" && !strings.EqualFold(req.T2Provider, "Redis") {
 		return fmt.Errorf("%w: provider %q (only Redis is probed)", ErrNoRemoteTier, req.T2Provider)
 	}
-	ep, err := parseRedisEndpoint(req.T2Endpoint)
+	ep, err := controlapi.ParseT2Endpoint(req.T2Endpoint)
 	if err != nil {
 		return err
 	}
@@ -64,35 +63,35 @@ func (p RemoteT2) ProbeT2(ctx context.Context, req controlapi.ProbeRequest) erro
 	ctx, cancel := context.WithTimeout(ctx, to)
 	defer cancel()
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", ep.addr)
+	conn, err := d.DialContext(ctx, "tcp", ep.Addr)
 	if err != nil {
-		return fmt.Errorf("cannot reach the remote tier %s: %w", ep.addr, err)
+		return fmt.Errorf("cannot reach the remote tier %s: %w", ep.Addr, err)
 	}
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
-	if ep.tls {
-		host, _, _ := net.SplitHostPort(ep.addr)
+	if ep.TLS {
+		host, _, _ := net.SplitHostPort(ep.Addr)
 		tc := tls.Client(conn, &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12})
 		if err := tc.HandshakeContext(ctx); err != nil {
-			return fmt.Errorf("cannot open TLS to the remote tier %s: %w", ep.addr, err)
+			return fmt.Errorf("cannot open TLS to the remote tier %s: %w", ep.Addr, err)
 		}
 		conn = tc
 	}
 	c := &redisConn{w: conn, r: bufio.NewReader(conn)}
-	if ep.password != "" {
-		args := []string{"AUTH", ep.password}
-		if ep.user != "" {
-			args = []string{"AUTH", ep.user, ep.password}
+	if ep.Password != "" {
+		args := []string{"AUTH", ep.Password}
+		if ep.User != "" {
+			args = []string{"AUTH", ep.User, ep.Password}
 		}
 		if _, err := c.do(args...); err != nil {
-			return fmt.Errorf("remote tier %s: AUTH: %w", ep.addr, err)
+			return fmt.Errorf("remote tier %s: AUTH: %w", ep.Addr, err)
 		}
 	}
-	if ep.db != "" {
-		if _, err := c.do("SELECT", ep.db); err != nil {
-			return fmt.Errorf("remote tier %s: SELECT %s: %w", ep.addr, ep.db, err)
+	if ep.DB != "" {
+		if _, err := c.do("SELECT", ep.DB); err != nil {
+			return fmt.Errorf("remote tier %s: SELECT %s: %w", ep.Addr, ep.DB, err)
 		}
 	}
 	var nonce [16]byte
@@ -101,62 +100,19 @@ func (p RemoteT2) ProbeT2(ctx context.Context, req controlapi.ProbeRequest) erro
 	key := "inferencecache:probe:" + hex.EncodeToString(sum[:8]) + ":" + hex.EncodeToString(nonce[:4])
 	val := hex.EncodeToString(nonce[:])
 	if r, err := c.do("SET", key, val, "PX", "60000"); err != nil || r.s != "OK" {
-		return fmt.Errorf("remote tier %s: put: %v", ep.addr, orReply(err, r))
+		return fmt.Errorf("remote tier %s: put: %v", ep.Addr, orReply(err, r))
 	}
 	r, err := c.do("GET", key)
 	if err != nil {
-		return fmt.Errorf("remote tier %s: get: %w", ep.addr, err)
+		return fmt.Errorf("remote tier %s: get: %w", ep.Addr, err)
 	}
 	if r.null || r.s != val {
-		return fmt.Errorf("remote tier %s: get returned %s, not the value just put", ep.addr, r.describe())
+		return fmt.Errorf("remote tier %s: get returned %s, not the value just put", ep.Addr, r.describe())
 	}
 	if _, err := c.do("DEL", key); err != nil {
-		return fmt.Errorf("remote tier %s: delete: %w", ep.addr, err)
+		return fmt.Errorf("remote tier %s: delete: %w", ep.Addr, err)
 	}
 	return nil
-}
-
-// redisEndpoint is a parsed T2Endpoint.
-type redisEndpoint struct {
-	addr, user, password, db string
-	tls                      bool
-}
-
-func parseRedisEndpoint(s string) (redisEndpoint, error) {
-	var ep redisEndpoint
-	if !strings.Contains(s, "://") {
-		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
-			return ep, fmt.Errorf("remote tier endpoint %q: want host:port or redis://host:port", s)
-		}
-		ep.addr = s
-		return ep, nil
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return ep, fmt.Errorf("remote tier endpoint %q: %w", s, err)
-	}
-	switch u.Scheme {
-	case "redis":
-	case "rediss":
-		ep.tls = true
-	default:
-		return ep, fmt.Errorf("remote tier endpoint %q: scheme %q, want redis or rediss", s, u.Scheme)
-	}
-	if u.Port() == "" || u.Hostname() == "" {
-		return ep, fmt.Errorf("remote tier endpoint %q: want host:port", s)
-	}
-	ep.addr = u.Host
-	if u.User != nil {
-		ep.user = u.User.Username()
-		ep.password, _ = u.User.Password()
-	}
-	if db := strings.Trim(u.Path, "/"); db != "" {
-		if _, err := strconv.Atoi(db); err != nil {
-			return ep, fmt.Errorf("remote tier endpoint %q: database %q is not a number", s, db)
-		}
-		ep.db = db
-	}
-	return ep, nil
 }
 
 // redisConn speaks RESP: commands as arrays of bulk strings, replies read

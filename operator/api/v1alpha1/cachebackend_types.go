@@ -127,6 +127,33 @@ type CacheBackendSpec struct {
 	// backend's namespace.
 	// +optional
 	AllowCrossNamespace bool `json:"allowCrossNamespace,omitempty"`
+
+	// RemoteStorage is the backend's remote tier (T2), a store the
+	// operator does not run: the functional probe puts and gets a key there
+	// (FunctionalProbeOK False/ProbeT2Failed when it cannot).
+	// +optional
+	RemoteStorage *CacheBackendRemoteStorage `json:"remoteStorage,omitempty"`
+}
+
+// RemoteStorageProvider names a remote tier's protocol.
+// +kubebuilder:validation:Enum=Redis
+type RemoteStorageProvider string
+
+// RemoteStorageRedis is a Redis-protocol store (Redis, Valkey, ...).
+const RemoteStorageRedis RemoteStorageProvider = "Redis"
+
+// CacheBackendRemoteStorage is an existing remote tier of a backend.
+type CacheBackendRemoteStorage struct {
+	// Provider is the store's protocol.
+	// +optional
+	// +kubebuilder:default=Redis
+	Provider RemoteStorageProvider `json:"provider,omitempty"`
+	// Endpoint is host:port, redis://[user:password@]host:port[/db] or
+	// rediss://... (TLS). Credentials written here are readable by anyone
+	// who can read the CacheBackend.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	Endpoint string `json:"endpoint"`
 }
 
 // CacheBackendAutoscaling bounds the backend HPA.

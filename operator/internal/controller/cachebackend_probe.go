@@ -2,6 +2,7 @@ package controller
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,7 +89,14 @@ func probeRequest(b *v1alpha1.CacheBackend) controlapi.ProbeRequest {
 	if typ == "" {
 		typ = v1alpha1.BackendLMCache
 	}
-	return controlapi.ProbeRequest{Backend: b.Namespace + "/" + b.Name, Model: ProbeModel, HashScheme: scheme, BackendType: string(typ)}
+	req := controlapi.ProbeRequest{Backend: b.Namespace + "/" + b.Name, Model: ProbeModel, HashScheme: scheme, BackendType: string(typ)}
+	// Only a backend with a remote tier sends the t2 keys: a server that
+	// predates them refuses the body (docs/wire.md).
+	if rs := b.Spec.RemoteStorage; rs != nil && rs.Endpoint != "" {
+		req.T2Endpoint = rs.Endpoint
+		req.T2Provider = string(cmp.Or(rs.Provider, v1alpha1.RemoteStorageRedis))
+	}
+	return req
 }
 
 // probeVerdict turns a /probe answer into FunctionalProbeOK's status,

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/inferencecache/inferencecache/controlapi"
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/inferencecache/policy"
 	"github.com/inferencecache/inferencecache/prompttemplate"
@@ -114,6 +115,20 @@ func CacheBackendEndpoint(spec *v1alpha1.CacheBackendSpec, p *field.Path) field.
 	}
 	if err := Endpoint(spec.Endpoint); err != nil {
 		return field.ErrorList{field.Invalid(ep, spec.Endpoint, err.Error())}
+	}
+	return nil
+}
+
+// CacheBackendRemoteStorage checks spec.remoteStorage.endpoint parses as a
+// remote tier's address (controlapi.ParseT2Endpoint, what the server's
+// /probe dials).
+func CacheBackendRemoteStorage(spec *v1alpha1.CacheBackendSpec, p *field.Path) field.ErrorList {
+	rs := spec.RemoteStorage
+	if rs == nil {
+		return nil
+	}
+	if _, err := controlapi.ParseT2Endpoint(rs.Endpoint); err != nil {
+		return field.ErrorList{field.Invalid(p.Child("remoteStorage", "endpoint"), controlapi.RedactT2Endpoint(rs.Endpoint), err.Error())}
 	}
 	return nil
 }

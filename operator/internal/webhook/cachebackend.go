@@ -30,6 +30,7 @@ func (v *CacheBackendValidator) errors(b *v1alpha1.CacheBackend) field.ErrorList
 	p := field.NewPath("spec")
 	return slices.Concat(
 		validation.CacheBackendEndpoint(&b.Spec, p),
+		validation.CacheBackendRemoteStorage(&b.Spec, p),
 		validation.CacheBackendEngineOverrides(&b.Spec, p),
 		v.Policy.CacheBackend(b.Namespace, &b.Spec, p),
 	)

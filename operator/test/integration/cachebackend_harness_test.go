@@ -79,10 +79,15 @@ func (f *faultyIndex) LookupRoute(req *engine.LookupRequest, now int64, res *eng
 	}
 }
 
-// t2Store is the stage-t2 prober; fail makes the round trip fail.
+// t2Store is the stage-t2 prober; fail makes the round trip fail. A
+// request naming a remote tier (a backend's spec.remoteStorage) gets the
+// production prober's real round trip against it.
 type t2Store struct{ fail atomic.Bool }
 
-func (s *t2Store) ProbeT2(context.Context, controlapi.ProbeRequest) error {
+func (s *t2Store) ProbeT2(ctx context.Context, req controlapi.ProbeRequest) error {
+	if req.T2Endpoint != "" {
+		return probe.RemoteT2{Timeout: time.Second}.ProbeT2(ctx, req)
+	}
 	if s.fail.Load() {
 		return errors.New("tier-2 get returned nothing after put")
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -982,5 +983,49 @@ func TestCacheBackendInstanceClearedWhenUnmanaged(t *testing.T) {
 	instance(string(b.UID) + ":0")
 	if v, ok := counterValue("inferencecache_backend_server_restart_cascades_total", map[string]string{"namespace": ns, "backend": "lmc", "reason": "server_instance_changed"}); ok || v != 0 {
 		t.Fatalf("cascades %v: the return to managed cascaded", v)
+	}
+}
+
+// TestCacheBackendRemoteStorageProbe: a backend with spec.remoteStorage has
+// the server's /probe run stage t2 against that store (a real Redis
+// protocol server here): ok while it serves, ProbeT2Failed with the cause
+// once it is gone. A bad endpoint is refused at admission, without
+// echoing its password.
+func TestCacheBackendRemoteStorageProbe(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-remote", false)
+	env := startBackendController(t, ns)
+	mr := miniredis.RunT(t)
+	key := ns + "/lmc"
+	wantOK(t, "backend", k8s.Create(ctx, cbObj(ns, "lmc", "llama", func(b *v1alpha1.CacheBackend) {
+		b.Annotations = map[string]string{controller.RequireKVEventsAnnotation: "false"}
+		b.Spec.RemoteStorage = &v1alpha1.CacheBackendRemoteStorage{Endpoint: "redis://" + mr.Addr() + "/0"}
+	})))
+	eventually(t, 10*time.Second, func() error {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "lmc"}, &appsv1.Deployment{})
+	})
+	setDeploymentStatus(t, ctx, ns, "lmc", 1, 1)
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionTrue, controller.ReasonProbeOK)
+	if v, _ := counterValue("inferencecache_backend_probe_result_total", map[string]string{"backend": key, "stage": "t2", "result": "ok"}); v != 1 {
+		t.Fatalf("t2 ok counted %v times, want 1", v)
+	}
+	if keys := mr.Keys(); len(keys) != 0 {
+		t.Fatalf("the probe left keys in the remote tier: %v", keys)
+	}
+
+	mr.Close()
+	env.clock.advance(31 * time.Second)
+	b := waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionFunctionalProbeOK, metav1.ConditionFalse, controller.ReasonProbeT2Failed)
+	if c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionFunctionalProbeOK); !strings.Contains(c.Message, "cannot reach the remote tier") {
+		t.Fatalf("message %q does not give the cause", c.Message)
+	}
+
+	bad := cbObj(ns, "bad", "llama", func(b *v1alpha1.CacheBackend) {
+		b.Spec.RemoteStorage = &v1alpha1.CacheBackendRemoteStorage{Endpoint: "redis://app:s3cret@cache-without-port"}
+	})
+	err := k8s.Create(ctx, bad)
+	wantDenied(t, "remote tier without a port", err, "spec.remoteStorage.endpoint", "want host:port")
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("the refusal echoes the password: %v", err)
 	}
 }
