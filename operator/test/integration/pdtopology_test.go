@@ -1,11 +1,15 @@
 package integration
 
 import (
+	"fmt"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/inferencecache/operator/internal/controller"
 )
 
 // TestPDTopologyAcceleratorTypes: the apiserver refuses a pool whose
@@ -75,4 +79,89 @@ func TestPromptTemplateSlots(t *testing.T) {
 		p.Spec.Slots = p.Spec.Slots[:2]
 	}), "spec.body", `"question"`)
 	wantOK(t, "description edit", update(ctx, ok, func(p *v1alpha1.PromptTemplate) { p.Spec.Slots[0].Description = "the fixed system prompt" }))
+}
+
+// TestPDTopologyReconciler: the controller pushes a PDTopology and a
+// PromptTemplate to the routing server (schema v8) and reports the
+// topology's pools and Ready: NoPrefillReplicas until a pod matches a
+// prefill pool, NoDecodeReplicas until one matches a decode pool, then
+// Propagated; against a server that refuses version 8 it falls back to
+// version 7 and says NotPropagated, and recovers once the server takes v8.
+func TestPDTopologyReconciler(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "pd-reconcile", false)
+	t.Cleanup(func() { srv.refuseV8.Store(false) })
+	top := &v1alpha1.PDTopology{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pd"}, Spec: v1alpha1.PDTopologySpec{
+		PrefillPools: []v1alpha1.PDPool{{Name: "fill", MatchLabels: map[string]string{"side": "prefill"}}},
+		DecodePools:  []v1alpha1.PDPool{{Name: "gen", MatchLabels: map[string]string{"side": "decode"}}},
+		Transport:    v1alpha1.TransportMooncake,
+	}}
+	wantOK(t, "topology", k8s.Create(ctx, top))
+	tmpl := &v1alpha1.PromptTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "support"}, Spec: v1alpha1.PromptTemplateSpec{
+		Body:  "{{ system }}\nUser: {{ question }}",
+		Slots: []v1alpha1.PromptTemplateSlot{{Name: "system", Type: v1alpha1.SlotStable}, {Name: "question", Type: v1alpha1.SlotMutable}},
+	}}
+	wantOK(t, "template", k8s.Create(ctx, tmpl))
+
+	ready := func(reason string, members map[string]int32) {
+		t.Helper()
+		eventually(t, propagationLimit, func() error {
+			var got v1alpha1.PDTopology
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(top), &got); err != nil {
+				return err
+			}
+			c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady)
+			if c == nil || c.Reason != reason {
+				return fmt.Errorf("Ready %+v, want reason %s", c, reason)
+			}
+			if want := reason == v1alpha1.ReasonTopologyPropagated; (c.Status == metav1.ConditionTrue) != want {
+				return fmt.Errorf("Ready %s with reason %s", c.Status, reason)
+			}
+			for _, p := range got.Status.Pools {
+				if n, ok := members[p.Name]; ok && p.Members != n {
+					return fmt.Errorf("pool %s has %d members, want %d", p.Name, p.Members, n)
+				}
+			}
+			if got.Status.ObservedGeneration != got.Generation {
+				return fmt.Errorf("observedGeneration %d of %d", got.Status.ObservedGeneration, got.Generation)
+			}
+			return nil
+		})
+	}
+	ready(v1alpha1.ReasonNoPrefillReplicas, map[string]int32{"fill": 0, "gen": 0})
+	// What the server took: the topology and the template, by namespace/name.
+	eventually(t, propagationLimit, func() error {
+		snap := srv.store.Load().Load()
+		tp := snap.Topology("pd", ns)
+		if tp == nil || tp.Transport != "Mooncake" || !tp.HasPrefillPool("fill") || !tp.HasDecodePool("gen") {
+			return fmt.Errorf("server topology %+v", tp)
+		}
+		// The revision the PromptTemplate reconciler writes to
+		// status.templateRevision (TestPromptTemplateRevision).
+		want := controller.TemplateRevision(&tmpl.Spec)
+		if st := snap.Template("support", ns); st == nil || st.Revision != want || st.Body != tmpl.Spec.Body {
+			return fmt.Errorf("server template %+v, want revision %q", st, want)
+		}
+		return nil
+	})
+
+	enginePod(t, ctx, ns, "prefill-0", map[string]string{"side": "prefill"}, nil)
+	ready(v1alpha1.ReasonNoDecodeReplicas, map[string]int32{"fill": 1, "gen": 0})
+	enginePod(t, ctx, ns, "decode-0", map[string]string{"side": "decode"}, nil)
+	enginePod(t, ctx, ns, "decode-1", map[string]string{"side": "decode"}, nil)
+	ready(v1alpha1.ReasonTopologyPropagated, map[string]int32{"fill": 1, "gen": 2})
+
+	// A version-7 server: the fallback body carries no topology, so the
+	// topology is not routable and says so.
+	srv.refuseV8.Store(true)
+	wantOK(t, "edit the topology", update(ctx, top, func(p *v1alpha1.PDTopology) { p.Spec.SkipPrefillBelowTokens = ptr(int32(1024)) }))
+	ready(v1alpha1.ReasonNotPropagated, nil)
+	srv.refuseV8.Store(false)
+	ready(v1alpha1.ReasonTopologyPropagated, nil)
+	eventually(t, propagationLimit, func() error {
+		if tp := srv.store.Load().Load().Topology("pd", ns); tp == nil || tp.SkipBelow != 1024 {
+			return fmt.Errorf("server topology %+v, want skipPrefillBelowTokens 1024", tp)
+		}
+		return nil
+	})
 }

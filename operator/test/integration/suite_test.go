@@ -15,8 +15,10 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -395,6 +397,9 @@ type testServer struct {
 	// refuse, when set, is the error text /policy answers with 503 (set by
 	// tests, read by the handler).
 	refuse atomic.Pointer[string]
+	// refuseV8 makes /policy answer a version-8 body 400, as a server that
+	// predates schema v8 does (set by tests, read by the handler).
+	refuseV8 atomic.Bool
 
 	mu   sync.Mutex   // guards http
 	http *http.Server // the running server; nil when stopped
@@ -456,6 +461,21 @@ func (s *testServer) handler() (http.Handler, error) {
 		if msg := s.refuse.Load(); msg != nil && r.URL.Path == "/policy" {
 			http.Error(w, *msg, http.StatusServiceUnavailable)
 			return
+		}
+		if s.refuseV8.Load() && r.URL.Path == "/policy" {
+			body, err := io.ReadAll(io.LimitReader(r.Body, 8<<20))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			var v struct {
+				Version int `json:"version"`
+			}
+			if json.Unmarshal(body, &v) == nil && v.Version >= 8 {
+				http.Error(w, "unsupported policy version 8 (test: a version-7 server)", http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
 		rec := &statusRecorder{ResponseWriter: w}
 		h.ServeHTTP(rec, r)
