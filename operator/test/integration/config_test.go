@@ -96,8 +96,8 @@ func TestConfigDefaultAppliesToAPIServer(t *testing.T) {
 		t.Fatal("no ValidatingWebhookConfiguration inferencecache-validating-webhook")
 	}
 	hooks, _, _ := unstructured.NestedSlice(vwc.Object, "webhooks")
-	if len(hooks) != 4 {
-		t.Fatalf("%d webhooks, want 4", len(hooks))
+	if len(hooks) != 5 { // CachePolicy, CacheTenant, CacheBackend, PDTopology, PromptTemplate
+		t.Fatalf("%d webhooks, want 5", len(hooks))
 	}
 	for _, h := range hooks {
 		svc, _, _ := unstructured.NestedStringMap(h.(map[string]any), "clientConfig", "service")
