@@ -24,9 +24,10 @@ import (
 //
 //   - no object keeps its managedFields (often the larger half of it);
 //   - a pod keeps its metadata, its conditions' type and status, and per
-//     container its name, readiness, restart count and waiting reason: what
-//     the reconciler reads (selection, readiness, the restart cascade,
-//     CrashLoopBackOff), not its spec;
+//     container its name, readiness, restart count, waiting reason, start
+//     and a termination only when it was a GPU-kernel fault (slimTermination):
+//     what the reconciler reads (selection, readiness, the restart cascade,
+//     CrashLoopBackOff, EngineKernelsHealthy), not its spec;
 //   - a Deployment, StatefulSet, Service, HPA or PodDisruptionBudget not
 //     controlled by a CacheBackend keeps its metadata (and a Deployment its
 //     selector and pod template's labels and annotations, which the restart
@@ -71,6 +72,11 @@ func slimPod(obj any) (any, error) {
 			if w := s.State.Waiting; w != nil {
 				c.State.Waiting = &corev1.ContainerStateWaiting{Reason: w.Reason}
 			}
+			if r := s.State.Running; r != nil {
+				c.State.Running = &corev1.ContainerStateRunning{StartedAt: r.StartedAt}
+			}
+			c.State.Terminated = slimTermination(s.State.Terminated)
+			c.LastTerminationState.Terminated = slimTermination(s.LastTerminationState.Terminated)
 			cs = append(cs, c)
 		}
 		return cs

@@ -41,8 +41,9 @@ const (
 	// classSelfRun: Offload with a type whose cache the controller does not
 	// run: SGLangHiCache lives inside the engine, AIBrix, Mooncake and NIXL
 	// are run by their own operators. Like EventsOnly, Ready comes from the
-	// KV-event gate; EngineCompatibility is published too, since the pod
-	// webhook still wires the engines' offload arguments.
+	// KV-event gate; EngineCompatibility and EngineKernelsHealthy are
+	// published too, since the pod webhook still wires the engines' offload
+	// arguments.
 	classSelfRun
 )
 
@@ -69,7 +70,7 @@ func (c backendClass) published() []string {
 		return []string{v1alpha1.BackendConditionReady, v1alpha1.BackendConditionDegraded, v1alpha1.BackendConditionProgressing}
 	case classSelfRun:
 		return []string{v1alpha1.BackendConditionReady, v1alpha1.BackendConditionDegraded, v1alpha1.BackendConditionProgressing,
-			v1alpha1.BackendConditionEngineCompatibility}
+			v1alpha1.BackendConditionEngineKernelsHealthy, v1alpha1.BackendConditionEngineCompatibility}
 	default:
 		return []string{
 			v1alpha1.BackendConditionReady, v1alpha1.BackendConditionDegraded, v1alpha1.BackendConditionProgressing,
@@ -100,6 +101,8 @@ const (
 	ReasonT2ZeroHitRate            = "T2ZeroHitRate"
 	ReasonT2Serving                = "T2Serving"
 	ReasonInjectedEngineCrashLoop  = "InjectedEngineCrashLooping"
+	ReasonEngineKernelDegraded     = "EngineKernelDegraded"
+	ReasonEngineKernelsOK          = "EngineKernelsOK"
 	ReasonInjectedEnginesRunning   = "InjectedEnginesRunning"
 	ReasonExternalEndpointAccepted = "ExternalEndpointAccepted"
 	ReasonExternalEndpointMissing  = "ExternalEndpointMissing"

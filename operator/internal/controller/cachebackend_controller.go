@@ -120,7 +120,8 @@ type CacheBackendOptions struct {
 //     firstKVEventObservedAt;
 //  3. conditions (see managedConditions, eventsOnlyConditions (also of the
 //     types not provisioned), externalConditions): Ready through the KV-event gate, then the /probe
-//     gate; T2Degraded; EngineCompatibility;
+//     gate; T2Degraded; EngineCompatibility; EngineKernelsHealthy, which
+//     turns a True Ready False (kernelGate);
 //  4. the restart cascade (cascade);
 //  5. one status patch when anything changed, and an Event per condition
 //     transition.
@@ -261,6 +262,8 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		due(g.wait)
 		if class == classSelfRun {
 			engineCompatibility(&b, pods.injected, c)
+			due(engineKernels(&b, pods.injected, now, c))
+			kernelGate(st, c)
 		}
 	default:
 		w, err := r.provision(ctx, &b)
@@ -301,6 +304,8 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		t2Condition(&b, c)
 		engineCompatibility(&b, pods.injected, c)
+		due(engineKernels(&b, pods.injected, now, c))
+		kernelGate(st, c)
 		wait, err := r.cascade(ctx, &b, scope, backends.Items, nsAnn.of(ctx), serverPods(&b, pods.served), w, now)
 		passErr = err
 		due(wait)

@@ -23,7 +23,9 @@ import (
 //
 // Into the engine container (AnnotationEngineContainer, else the first) it
 // adds EngineArgs and EngineEnv, except a flag or variable the container
-// already sets (the pod's own value wins). It adds the kvevent-subscriber
+// already sets (the pod's own value wins), and sets its
+// terminationMessagePolicy to FallbackToLogsOnError (for the controller's
+// GPU-kernel fault check). It adds the kvevent-subscriber
 // sidecar when o.SubscriberImage is set, the engine is known and
 // spec.backendConfig.model names the model; then it annotates the pod with
 // AnnotationInjectedBy.
@@ -42,6 +44,13 @@ func Inject(pod *corev1.Pod, cb *v1alpha1.CacheBackend, o PodInjectorOptions) (w
 			pod.Annotations[AnnotationEngineContainer], AnnotationEngineContainer)}, false
 	}
 	c := &pod.Spec.Containers[idx]
+	// A crash's log tail becomes the termination message the controller
+	// reads for GPU-kernel faults (EngineKernelsHealthy). It differs from
+	// the API default, File, only when the container failed without
+	// writing a message, so no termination message a pod writes is lost.
+	if c.TerminationMessagePolicy == "" || c.TerminationMessagePolicy == corev1.TerminationMessageReadFile {
+		c.TerminationMessagePolicy = corev1.TerminationMessageFallbackToLogsOnError
+	}
 	ranks, w := dataParallelSize(pod, c)
 	warnings = append(warnings, w...)
 	args, env, w := engineArgs(cb, ranks)

@@ -62,6 +62,9 @@ func TestInjectVLLMOffload(t *testing.T) {
 		t.Fatalf("annotation %v", pod.Annotations)
 	}
 	eng := pod.Spec.Containers[0]
+	if eng.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError {
+		t.Errorf("terminationMessagePolicy %q: a crash's log tail would not reach the kernel-fault check", eng.TerminationMessagePolicy)
+	}
 	// Publisher and replay on loopback: the engine connects its PUB to
 	// 127.0.0.1:5557, which the sidecar binds.
 	if got := argWith(eng.Args, "--kv-events-config="); got != "--kv-events-config="+KVEventsConfig() || !strings.Contains(got, `"endpoint":"tcp://127.0.0.1:5557"`) ||

@@ -1029,3 +1029,55 @@ func TestCacheBackendRemoteStorageProbe(t *testing.T) {
 		t.Fatalf("the refusal echoes the password: %v", err)
 	}
 }
+
+// An injected engine whose last termination was a GPU-kernel fault turns
+// EngineKernelsHealthy False and a Ready backend not Ready
+// (EngineKernelDegraded), with a Warning Event; running and ready again,
+// with the fault past KernelFaultWindow, it is healthy and Ready returns.
+func TestCacheBackendEngineKernels(t *testing.T) {
+	ctx := needEnv(t)
+	ns := namespace(t, ctx, "cb-kernels", false)
+	env := startBackendController(t, ns)
+	setSnapshot(t)
+	readyGateOff(t, env, "lmc", map[string]string{controller.SkipFunctionalProbeAnnotation: "true"})
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionTrue, controller.ReasonBackendReady)
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionEngineKernelsHealthy, metav1.ConditionTrue, controller.ReasonEngineKernelsOK)
+
+	pod := enginePod(t, ctx, ns, "llama-0", map[string]string{"app": "llama"}, map[string]string{controller.InjectedByAnnotation: ns + "/lmc"})
+	fault := &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", FinishedAt: metav1.Now(),
+		Message: "RuntimeError: CUDA error: no kernel image is available for execution on the device"}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "engine", Image: "vllm", RestartCount: 2,
+		State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+		LastTerminationState: corev1.ContainerState{Terminated: fault},
+	}}
+	wantOK(t, "pod status", k8s.Status().Update(ctx, pod))
+	b := waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionEngineKernelsHealthy, metav1.ConditionFalse, controller.ReasonEngineKernelDegraded)
+	if c := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.BackendConditionEngineKernelsHealthy); !strings.Contains(c.Message, "llama-0/engine") ||
+		!strings.Contains(c.Message, "GPU architecture") {
+		t.Fatalf("message %q names neither the container nor the fault", c.Message)
+	}
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionFalse, controller.ReasonEngineKernelDegraded)
+	waitEvent(t, ctx, ns, "lmc", controller.ReasonEngineKernelDegraded, "llama-0/engine")
+
+	// Running and ready again four minutes after the fault: still inside
+	// the window; once the (controller's) clock passes it, healthy.
+	fault.FinishedAt = metav1.NewTime(time.Now().Add(-4 * time.Minute))
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{
+		Name: "engine", Image: "vllm", RestartCount: 3, Ready: true,
+		State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: fault.FinishedAt}},
+		LastTerminationState: corev1.ContainerState{Terminated: fault},
+	}}
+	wantOK(t, "pod status", k8s.Status().Update(ctx, pod))
+	eventually(t, 10*time.Second, func() error {
+		var p corev1.Pod
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil || len(p.Status.ContainerStatuses) != 1 || !p.Status.ContainerStatuses[0].Ready {
+			return errNotYet
+		}
+		return nil
+	})
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionEngineKernelsHealthy, metav1.ConditionFalse, controller.ReasonEngineKernelDegraded)
+	env.clock.advance(controller.KernelFaultWindow)
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionEngineKernelsHealthy, metav1.ConditionTrue, controller.ReasonEngineKernelsOK)
+	waitCond(t, ctx, ns, "lmc", v1alpha1.BackendConditionReady, metav1.ConditionTrue, controller.ReasonBackendReady)
+}
