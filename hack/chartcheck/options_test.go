@@ -251,6 +251,24 @@ func TestChartOptions(t *testing.T) {
 				}
 			}
 		}},
+		{"prometheus service account", []string{exampleValues("monitoring")}, map[string]any{"monitoring": map[string]any{
+			"serviceMonitors": map[string]any{"prometheusServiceAccount": map[string]any{"name": "kps-kube-prometheus-prometheus", "namespace": "obs"}},
+		}}, func(t *testing.T, objs []object) {
+			b := find(objs, "ClusterRoleBinding", "inferencecache-metrics-reader")
+			if b == nil || toJSON(t, b["subjects"]) != `[{"kind":"ServiceAccount","name":"kps-kube-prometheus-prometheus","namespace":"obs"}]` {
+				t.Errorf("metrics-reader binding %s", toJSON(t, b))
+			}
+		}},
+		{"no prometheus service account", []string{exampleValues("monitoring")}, map[string]any{"monitoring": map[string]any{
+			"serviceMonitors": map[string]any{"prometheusServiceAccount": map[string]any{"name": ""}},
+		}}, func(t *testing.T, objs []object) {
+			if b := find(objs, "ClusterRoleBinding", "inferencecache-metrics-reader"); b != nil {
+				t.Errorf("metrics-reader bound without a ServiceAccount: %s", toJSON(t, b))
+			}
+			if find(objs, "ClusterRole", "inferencecache-metrics-reader") == nil {
+				t.Error("no ClusterRole inferencecache-metrics-reader")
+			}
+		}},
 		{"scheduling", nil, map[string]any{"server": map[string]any{
 			"nodeSelector":      map[string]any{"pool": "cpu"},
 			"tolerations":       []any{map[string]any{"key": "dedicated", "operator": "Exists"}},

@@ -232,6 +232,7 @@ func TestSchemaRejects(t *testing.T) {
 		{"allow-list as a string", map[string]any{"controller": map[string]any{"allowedBackendImages": "ghcr.io/"}}},
 		{"bad duration", map[string]any{"controller": map[string]any{"pushInterval": "30 seconds"}}},
 		{"bad port", map[string]any{"server": map[string]any{"picker": map[string]any{"port": 70000}}}},
+		{"prometheus service account without namespace", map[string]any{"monitoring": map[string]any{"serviceMonitors": map[string]any{"prometheusServiceAccount": map[string]any{"name": "prom", "namespace": ""}}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tryRenderChart(releaseNamespace, nil, tc.set)

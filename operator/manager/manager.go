@@ -5,8 +5,11 @@ package manager
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -43,18 +47,30 @@ type Options struct {
 	ControllerTokenPath string
 	PushInterval        time.Duration
 	SnapshotInterval    time.Duration
-	MetricsAddr         string
-	ProbeAddr           string
-	LeaderElect         bool
-	LeaderElectionID    string
-	EnableWebhooks      bool
-	WebhookHost         string
-	WebhookPort         int
-	WebhookCertDir      string
-	SelfSignedCerts     bool
-	WebhookSecretName   string
-	WebhookServiceName  string
-	WebhookConfigName   string
+	// MetricsAddr is where /metrics is served; "" means ":8443" when
+	// MetricsSecure, else ":8080"; "0" disables it.
+	MetricsAddr string
+	// MetricsSecure serves /metrics over HTTPS and only to a bearer token
+	// that passes a TokenReview and a SubjectAccessReview (get on the
+	// nonResourceURL /metrics); false serves plain HTTP to anyone.
+	MetricsSecure bool
+	// MetricsCertPath is the directory holding MetricsCertName and
+	// MetricsCertKey (default tls.crt, tls.key), re-read when they change;
+	// empty serves a self-signed certificate generated at start-up.
+	MetricsCertPath    string
+	MetricsCertName    string
+	MetricsCertKey     string
+	ProbeAddr          string
+	LeaderElect        bool
+	LeaderElectionID   string
+	EnableWebhooks     bool
+	WebhookHost        string
+	WebhookPort        int
+	WebhookCertDir     string
+	SelfSignedCerts    bool
+	WebhookSecretName  string
+	WebhookServiceName string
+	WebhookConfigName  string
 	// MutatingWebhookConfigName is the MutatingWebhookConfiguration (pod
 	// injection) whose caBundle is kept.
 	MutatingWebhookConfigName string
@@ -116,12 +132,16 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 		log.Info("webhook certificate ready", "secret", ns+"/"+f.WebhookSecretName)
 	}
 
+	metricsOpts, err := MetricsServerOptions(f)
+	if err != nil {
+		return err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// What the cache keeps of each object (controller.CacheOptions), so
 		// the controller's memory follows the objects it works on.
 		Cache:                   controller.CacheOptions(),
-		Metrics:                 metricsserver.Options{BindAddress: f.MetricsAddr},
+		Metrics:                 metricsOpts,
 		HealthProbeBindAddress:  f.ProbeAddr,
 		LeaderElection:          f.LeaderElect,
 		LeaderElectionID:        f.LeaderElectionID,
@@ -165,6 +185,64 @@ func Run(ctx context.Context, cfg *rest.Config, f Options) error {
 	if err := mgr.AddReadyzCheck("readyz", ready); err != nil {
 		return fmt.Errorf("cannot add ready check: %w", err)
 	}
-	log.Info("starting manager", "server", f.ServerAddress, "pushInterval", f.PushInterval, "snapshotInterval", f.SnapshotInterval)
+	log.Info("starting manager", "metrics", metricsOpts.BindAddress, "metricsSecure", metricsOpts.SecureServing, "server", f.ServerAddress, "pushInterval", f.PushInterval, "snapshotInterval", f.SnapshotInterval)
 	return mgr.Start(ctx)
+}
+
+// Default metrics addresses, by --metrics-secure.
+const (
+	DefaultMetricsSecureAddr   = ":8443"
+	DefaultMetricsInsecureAddr = ":8080"
+)
+
+// MetricsServerOptions is the metrics server configuration of f: plain
+// HTTP, or (MetricsSecure) HTTPS behind controller-runtime's authentication
+// and authorization filter, which asks the apiserver to review each
+// scraper's bearer token (TokenReview) and whether it may get /metrics
+// (SubjectAccessReview). The controller's ServiceAccount needs create on
+// both (operator/config/rbac/metrics_auth_role.yaml).
+func MetricsServerOptions(f Options) (metricsserver.Options, error) {
+	addr := f.MetricsAddr
+	if addr == "" {
+		addr = DefaultMetricsInsecureAddr
+		if f.MetricsSecure {
+			addr = DefaultMetricsSecureAddr
+		}
+	}
+	if !f.MetricsSecure {
+		if f.MetricsCertPath != "" {
+			return metricsserver.Options{}, errors.New("manager: --metrics-cert-path needs --metrics-secure")
+		}
+		return metricsserver.Options{BindAddress: addr}, nil
+	}
+	o := metricsserver.Options{
+		BindAddress:    addr,
+		SecureServing:  true,
+		FilterProvider: filters.WithAuthenticationAndAuthorization,
+		// HTTP/1.1 only: a scraper gains nothing from HTTP/2, which would
+		// bring its rapid-reset exposure (CVE-2023-44487) to this port.
+		TLSOpts: []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
+	}
+	if f.MetricsCertPath == "" {
+		// controller-runtime generates a self-signed certificate when its
+		// CertDir holds none; point it at no directory so a stray
+		// /tmp/k8s-metrics-server is never picked up.
+		o.CertDir = filepath.Join(os.TempDir(), "inferencecache-no-metrics-cert")
+		return o, nil
+	}
+	o.CertDir, o.CertName, o.KeyName = f.MetricsCertPath, f.MetricsCertName, f.MetricsCertKey
+	if o.CertName == "" {
+		o.CertName = "tls.crt"
+	}
+	if o.KeyName == "" {
+		o.KeyName = "tls.key"
+	}
+	// controller-runtime falls back to a self-signed certificate when the
+	// files are missing; a path given on purpose must not be ignored.
+	for _, name := range []string{o.CertName, o.KeyName} {
+		if _, err := os.Stat(filepath.Join(o.CertDir, name)); err != nil {
+			return metricsserver.Options{}, fmt.Errorf("manager: metrics certificate: %w", err)
+		}
+	}
+	return o, nil
 }

@@ -57,7 +57,8 @@ func kubeconfig(t *testing.T, as string) string {
 }
 
 // TestControllerBinary builds cmd/controller and runs it as the Deployment
-// does (leader election, self-signed webhook certificate, probes, metrics),
+// does (leader election, self-signed webhook certificate, probes, metrics
+// over HTTPS for a metrics-reader token),
 // as the controller's ServiceAccount with exactly the RBAC of
 // operator/config/rbac, against the envtest apiserver and the test server,
 // then stops it with SIGTERM. No request may be forbidden.
@@ -193,8 +194,11 @@ func TestControllerBinary(t *testing.T) {
 		}
 		return nil
 	})
+	// /metrics is HTTPS behind the token review by default (--metrics-secure),
+	// which the controller does under the shipped RBAC.
+	scrape := scrapeAsReader(t, ctx, "https://127.0.0.1:"+metricsPort+"/metrics")
 	eventually(t, 30*time.Second, func() error {
-		_, body, err := get("http://127.0.0.1:" + metricsPort + "/metrics")
+		body, err := scrape()
 		if err != nil {
 			return err
 		}

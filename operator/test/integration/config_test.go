@@ -79,7 +79,7 @@ func TestConfigDefaultAppliesToAPIServer(t *testing.T) {
 		}
 	}
 	want := map[string]int{
-		"CustomResourceDefinition": 6, "Namespace": 1, "ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 3,
+		"CustomResourceDefinition": 6, "Namespace": 1, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 4,
 		"Role": 3, "RoleBinding": 3, "Deployment": 2, "Service": 2, "NetworkPolicy": 1, "ValidatingWebhookConfiguration": 1,
 		"MutatingWebhookConfiguration": 1,
 		"PodDisruptionBudget":          2,
@@ -254,6 +254,10 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 		"Role secrets[]": {"create"},
 		"ClusterRole admissionregistration.k8s.io/validatingwebhookconfigurations[inferencecache-validating-webhook]": {"get", "list", "update", "watch"},
 		"ClusterRole admissionregistration.k8s.io/mutatingwebhookconfigurations[inferencecache-mutating-webhook]":     {"get", "list", "update", "watch"},
+		// --metrics-secure: each scraper's token reviewed, and whether it
+		// may get /metrics.
+		"ClusterRole authentication.k8s.io/tokenreviews[]":        {"create"},
+		"ClusterRole authorization.k8s.io/subjectaccessreviews[]": {"create"},
 	}
 	for k, v := range got {
 		slices.Sort(v)

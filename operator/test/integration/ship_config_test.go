@@ -326,8 +326,9 @@ func TestConfigControllerMemory(t *testing.T) {
 // The monitoring bundle: default/ carries no Prometheus-operator kinds (it
 // must apply without those CRDs); prometheus/ has a metrics Service per
 // binary that selects its pods and targets the container port serving
-// /metrics, a ServiceMonitor scraping each, the PrometheusRule and the
-// dashboard ConfigMaps. The Services and ConfigMaps pass a dry-run apply
+// /metrics, a ServiceMonitor scraping each (the controller's over HTTPS
+// with Prometheus's token, which the metrics-reader binding authorizes),
+// the PrometheusRule and the dashboard ConfigMaps. The Services and ConfigMaps pass a dry-run apply
 // (the monitoring.coreos.com kinds cannot: envtest has no Prometheus
 // operator; rulestest/ checks the rules).
 func TestConfigPrometheus(t *testing.T) {
@@ -342,12 +343,15 @@ func TestConfigPrometheus(t *testing.T) {
 	kinds := map[string]int{}
 	for _, u := range objs {
 		kinds[u.GetKind()]++
+		if u.GetKind() == "ClusterRoleBinding" {
+			continue // cluster-scoped
+		}
 		if u.GetNamespace() != "inferencecache-system" {
 			t.Errorf("%s %s in namespace %q", u.GetKind(), u.GetName(), u.GetNamespace())
 		}
 	}
 	// The ConfigMaps are the Grafana dashboards (../grafana; dashgen/ checks them).
-	if kinds["Service"] != 2 || kinds["ServiceMonitor"] != 2 || kinds["PrometheusRule"] != 1 || kinds["ConfigMap"] != 3 || len(objs) != 8 {
+	if kinds["Service"] != 2 || kinds["ServiceMonitor"] != 2 || kinds["PrometheusRule"] != 1 || kinds["ConfigMap"] != 3 || kinds["ClusterRoleBinding"] != 1 || len(objs) != 9 {
 		t.Fatalf("prometheus/ renders %v", kinds)
 	}
 	var dashboards []*unstructured.Unstructured
@@ -358,9 +362,22 @@ func TestConfigPrometheus(t *testing.T) {
 	}
 	dryRunApply(t, ctx, dashboards)
 
-	for _, bin := range []struct{ deployment, service, monitor, port string }{
-		{"inferencecache-server", "inferencecache-server-metrics", "inferencecache-server", "http"},
-		{"inferencecache-controller", "inferencecache-controller-metrics", "inferencecache-controller", "metrics"},
+	// The reader binding names the ClusterRole rbac/ ships.
+	crb := find(objs, "ClusterRoleBinding", "inferencecache-metrics-reader")
+	if crb == nil || find(def, "ClusterRole", "inferencecache-metrics-reader") == nil {
+		t.Fatal("no ClusterRoleBinding inferencecache-metrics-reader in prometheus/ or no ClusterRole of that name in default/")
+	}
+	if ref, _, _ := unstructured.NestedStringMap(crb.Object, "roleRef"); ref["kind"] != "ClusterRole" || ref["name"] != "inferencecache-metrics-reader" {
+		t.Errorf("metrics-reader binding refers to %v", ref)
+	}
+	dryRunApply(t, ctx, []*unstructured.Unstructured{crb})
+
+	for _, bin := range []struct {
+		deployment, service, monitor, port string
+		secure                             bool
+	}{
+		{"inferencecache-server", "inferencecache-server-metrics", "inferencecache-server", "http", false},
+		{"inferencecache-controller", "inferencecache-controller-metrics", "inferencecache-controller", "metrics", true},
 	} {
 		d := find(def, "Deployment", bin.deployment)
 		podLabels, _, _ := unstructured.NestedStringMap(d.Object, "spec", "template", "metadata", "labels")
@@ -410,7 +427,20 @@ func TestConfigPrometheus(t *testing.T) {
 		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
 		svcPort := ports[0].(map[string]any)["name"]
 		if len(eps) != 1 || eps[0].(map[string]any)["port"] != svcPort || eps[0].(map[string]any)["path"] != "/metrics" {
-			t.Errorf("ServiceMonitor %s endpoints %v, want /metrics on port %v", bin.monitor, eps, svcPort)
+			t.Fatalf("ServiceMonitor %s endpoints %v, want /metrics on port %v", bin.monitor, eps, svcPort)
+		}
+		// The controller's /metrics (--metrics-secure, its default) is HTTPS
+		// with a self-signed certificate and wants a bearer token.
+		ep := eps[0].(map[string]any)
+		if bin.secure && contains(ps.Containers[0].Args, "--metrics-secure=false") {
+			t.Errorf("%s serves plain HTTP metrics, the ServiceMonitor scrapes HTTPS", bin.deployment)
+		}
+		skip, _, _ := unstructured.NestedBool(ep, "tlsConfig", "insecureSkipVerify")
+		if bin.secure && (ep["scheme"] != "https" || ep["bearerTokenFile"] != "/var/run/secrets/kubernetes.io/serviceaccount/token" || !skip) {
+			t.Errorf("ServiceMonitor %s endpoint %v, want https with Prometheus's token and the self-signed certificate accepted", bin.monitor, ep)
+		}
+		if !bin.secure && ep["scheme"] != nil {
+			t.Errorf("ServiceMonitor %s endpoint scheme %v, want the default http", bin.monitor, ep["scheme"])
 		}
 		dryRunApply(t, ctx, []*unstructured.Unstructured{svc})
 	}
