@@ -14,6 +14,10 @@ BIN := $(CURDIR)/bin
 # module's; `make test` and `make lint` cover them too. -mod=mod: rulestest,
 # dashgen and chartcheck build the main module through a replace, so a
 # dependency the main module gains reaches their go.sum without a manual tidy.
+# The build flags (with CGO_ENABLED=0) of every binary a test runs
+# (internal/testbin) and of the images: `make test` compiles ./cmd/... with
+# them first, so those tests only link.
+TESTBIN_FLAGS := -trimpath
 NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/config/grafana/dashgen hack/chartcheck
 # The Helm chart; hack/chartcheck checks it against operator/config and
 # runs the Helm CLI of its go.mod (`go tool helm`).
@@ -43,7 +47,8 @@ test: ## Run every test with -race, and the full tokenizer golden checks without
 	echo "envtest assets: $$assets" && \
 	tokenizers=$$(bash hack/tokenizer-assets.sh) && \
 	echo "tokenizer assets: $$tokenizers" && \
-	TOKENIZER_ASSETS=$$tokenizers $(GO) test -count=1 -run 'Golden|E2EPromptText' ./tokenizer/... ./kvevents/ && \
+	CGO_ENABLED=0 $(GO) build $(TESTBIN_FLAGS) ./cmd/... github.com/nats-io/nats-server/v2 && \
+	CGO_ENABLED=0 TOKENIZER_ASSETS=$$tokenizers $(GO) test $(TESTBIN_FLAGS) -count=1 -run 'Golden|E2EPromptText' ./tokenizer/... ./kvevents/ && \
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/inferencecache/inferencecache/internal/testbin"
 )
 
 // Binaries are the four programs a run starts.
@@ -27,17 +29,9 @@ type Binaries struct {
 const buildTimeout = 10 * time.Minute
 
 // Build builds the binaries into dir with the go command (once per run;
-// the build cache makes a rebuild cheap).
+// the build cache makes a rebuild cheap), as internal/testbin builds every
+// binary a test runs.
 func Build(ctx context.Context, dir string) (Binaries, error) {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		if root := os.Getenv("GOROOT"); root != "" {
-			goBin, err = filepath.Join(root, "bin", "go"), nil
-		}
-	}
-	if err != nil {
-		return Binaries{}, fmt.Errorf("cannot find the go command: %w", err)
-	}
 	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
 	defer cancel()
 	const mod = "github.com/inferencecache/inferencecache/"
@@ -47,14 +41,9 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 		Engine:     filepath.Join(dir, "kvevent-fake-engine"),
 		NATS:       filepath.Join(dir, "nats-server"),
 	}
-	for _, args := range [][]string{
-		{"build", "-o", dir + "/", mod + "cmd/server", mod + "cmd/kvevent-subscriber", mod + "cmd/kvevent-fake-engine"},
-		{"build", "-o", b.NATS, "github.com/nats-io/nats-server/v2"},
-	} {
-		cmd := exec.CommandContext(ctx, goBin, args...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return Binaries{}, fmt.Errorf("cannot build (go %s): %w\n%s", strings.Join(args, " "), err, out)
-		}
+	// The go command names nats-server/v2's binary nats-server.
+	if err := testbin.Build(ctx, dir, mod+"cmd/server", mod+"cmd/kvevent-subscriber", mod+"cmd/kvevent-fake-engine", "github.com/nats-io/nats-server/v2"); err != nil {
+		return Binaries{}, err
 	}
 	return b, nil
 }

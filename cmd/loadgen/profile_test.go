@@ -4,34 +4,29 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inferencecache/inferencecache/internal/testbin"
 )
 
 // buildServer builds ./cmd/server into dir.
 func buildServer(t *testing.T, dir string) string {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
+	if _, err := testbin.GoCommand(); err != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("no go toolchain on PATH: %v", err)
+			t.Fatal(err)
 		}
-		t.Skipf("no go toolchain on PATH: %v", err)
+		t.Skip(err)
 	}
-	bin := filepath.Join(dir, "server")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	// -pgo=off: this checks the harness, and a PGO build recompiles every
-	// dependency (minutes on a cold cache).
-	cmd := exec.CommandContext(ctx, goBin, "build", "-pgo=off", "-o", bin, "./cmd/server")
-	cmd.Dir = "../.."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("cannot build the server: %v\n%s", err, out)
+	if err := testbin.Build(ctx, dir, "./cmd/server"); err != nil {
+		t.Fatalf("cannot build the server: %v", err)
 	}
-	return bin
+	return filepath.Join(dir, "server")
 }
 
 func TestProfileAndAB(t *testing.T) {

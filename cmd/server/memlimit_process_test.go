@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/internal/testbin"
 	pb "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
 
@@ -41,10 +42,10 @@ func TestFullIndexStaysInsideMemoryLimit(t *testing.T) {
 	defer cancel()
 
 	// A binary of its own: without -race, so its memory is what a pod's is.
-	bin := filepath.Join(t.TempDir(), "server")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "server")
+	if err := testbin.Build(ctx, dir, "./cmd/server"); err != nil {
+		t.Fatal(err)
 	}
 	cmd := exec.CommandContext(ctx, bin, "--insecure-disable-auth", "--max-index-entries=0",
 		"--memory-limit="+strconv.Itoa(limit), "--grpc-bind-address=127.0.0.1:0",

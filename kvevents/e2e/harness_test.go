@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
+	"github.com/inferencecache/inferencecache/internal/testbin"
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
 	icv1 "github.com/inferencecache/inferencecache/rpc/gen/inferencecache/v1alpha1"
 )
@@ -56,43 +57,17 @@ func TestMain(m *testing.M) {
 func built(t *testing.T) {
 	t.Helper()
 	buildOnce.Do(func() {
-		// The go command on PATH, else the one under $GOROOT.
-		goBin, err := exec.LookPath("go")
-		if err != nil {
-			if p := filepath.Join(os.Getenv("GOROOT"), "bin", "go"); os.Getenv("GOROOT") != "" && fileExists(p) {
-				goBin, err = p, nil
-			}
-		}
-		if err != nil {
-			buildErr = fmt.Errorf("cannot find the go command: %w", err)
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 		defer cancel()
-		for _, b := range []struct {
-			dst *string
-			pkg string
-		}{
-			{&bins.server, "cmd/server"},
-			{&bins.subscriber, "cmd/kvevent-subscriber"},
-			{&bins.engine, "cmd/kvevent-fake-engine"},
-		} {
-			*b.dst = filepath.Join(binDir, filepath.Base(b.pkg))
-			cmd := exec.CommandContext(ctx, goBin, "build", "-o", *b.dst, "github.com/inferencecache/inferencecache/"+b.pkg)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("cannot build %s: %w\n%s", b.pkg, err, out)
-				return
-			}
-		}
+		const mod = "github.com/inferencecache/inferencecache/"
+		bins.server = filepath.Join(binDir, "server")
+		bins.subscriber = filepath.Join(binDir, "kvevent-subscriber")
+		bins.engine = filepath.Join(binDir, "kvevent-fake-engine")
+		buildErr = testbin.Build(ctx, binDir, mod+"cmd/server", mod+"cmd/kvevent-subscriber", mod+"cmd/kvevent-fake-engine")
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
 }
 
 // freePort returns a loopback port nobody listens on right now. It is

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/inferencecache/controlserver/auth"
+	"github.com/inferencecache/inferencecache/internal/testbin"
 )
 
 // freePort returns a port on 127.0.0.1 that was free a moment ago.
@@ -65,13 +65,10 @@ func kubeconfig(t *testing.T, as string) string {
 func TestControllerBinary(t *testing.T) {
 	ctx := needEnv(t)
 	applyRBAC(t, ctx)
-	_, self, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
-	bin := filepath.Join(t.TempDir(), "controller")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/controller")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/controller: %v\n%s", err, out)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "controller")
+	if err := testbin.Build(ctx, dir, "./cmd/controller"); err != nil {
+		t.Fatal(err)
 	}
 
 	// A webhook configuration matching nothing, to receive the caBundle. It

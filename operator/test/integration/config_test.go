@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +18,8 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
+
+	"github.com/inferencecache/inferencecache/internal/testbin"
 )
 
 // render builds a kustomization directory with the kustomize library, as
@@ -280,15 +281,12 @@ func TestConfigRBACLeastPrivilege(t *testing.T) {
 // them.
 func binaryFlags(t *testing.T, pkg string) map[string]string {
 	t.Helper()
-	_, self, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	if err := testbin.Build(ctx, dir, pkg); err != nil {
+		t.Fatal(err)
 	}
 	// The exit status of -h does not matter, only the usage it prints.
 	help, _ := exec.CommandContext(ctx, bin, "-h").CombinedOutput()

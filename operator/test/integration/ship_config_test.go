@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/inferencecache/inferencecache/internal/testbin"
 )
 
 // nonroot is the numeric user and group of the images hack/images builds.
@@ -249,15 +250,12 @@ func TestConfigServerMemoryFromLimit(t *testing.T) {
 		t.Fatalf("server args resolve to %q, want %s", args, want)
 	}
 
-	_, self, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(self), "..", "..", "..")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "server")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/server")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/server: %v\n%s", err, out)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "server")
+	if err := testbin.Build(ctx, dir, "./cmd/server"); err != nil {
+		t.Fatal(err)
 	}
 	args = append(args, "--insecure-disable-auth", "--grpc-bind-address=127.0.0.1:0",
 		"--http-bind-address=127.0.0.1:0", "--snapshot-bind-address=127.0.0.1:0")
