@@ -146,13 +146,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 const streamClientWindow = 1 << 20
 
 // defaultSize is the epoch size of a generated workload when none is set:
-// what an open-loop run at a fixed rate sends (so it never wraps), within
-// [MinWorkloadSize, MaxWorkloadSize]; MaxWorkloadSize otherwise.
+// the populate requests plus what an open-loop run at a fixed rate sends
+// (so its lookups never wrap), within [MinWorkloadSize, MaxWorkloadSize];
+// MaxWorkloadSize otherwise.
 func defaultSize(cfg *Config) int {
 	if cfg.Mode != OpenLoop || cfg.Arrival == ArrivalTrace {
 		return MaxWorkloadSize
 	}
 	want := cfg.Rate * (cfg.Warmup + cfg.Duration).Seconds() * 1.05
+	if cfg.PopulateRequests >= 0 {
+		want += float64(cfg.PopulateRequests)
+	} else {
+		// Lookups start after the default populate, which takes up to a
+		// quarter of the epoch.
+		want *= 4.0 / 3
+	}
 	return int(min(max(want, MinWorkloadSize), MaxWorkloadSize))
 }
 
