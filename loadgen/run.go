@@ -444,7 +444,7 @@ func (w *worker) lookup(ctx context.Context, r *runner, rec *recorder, i uint64,
 	if err != nil {
 		r.tl.recordErr(slot)
 	} else {
-		r.tl.recordOK(slot, lat, resp.GetReasonCode(), hits, len(keys))
+		r.tl.recordOK(slot, lat, time.Duration(resp.GetLookupLatencyUs())*time.Microsecond, resp.GetReasonCode(), hits, len(keys))
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

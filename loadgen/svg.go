@@ -31,7 +31,8 @@ const (
 const errorColor = "#444444"
 
 // WriteSVG draws rep's timeline in three panels over the run's time, the
-// warm-up shaded: client latency p50 and p99 per slice, the shares of
+// warm-up shaded: client latency p50 and p99 per slice (and the server's
+// own p99), the shares of
 // reason codes (and errors) per slice as stacked bars, and the modeled
 // block hit ratio per slice against the whole run's. Slices without
 // responses leave gaps. The SVG has no scripts or external references and
@@ -126,7 +127,7 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 		if slices[i].Responses == 0 {
 			continue
 		}
-		for _, v := range []float64{slices[i].P50Us, slices[i].P99Us} {
+		for _, v := range []float64{slices[i].P50Us, slices[i].P99Us, slices[i].ServerP99Us} {
 			if v = svgplot.F(v); v > 0 {
 				loUs, hiUs = min(loUs, v), max(hiUs, v)
 			}
@@ -158,9 +159,12 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 	hasResp := func(i int) bool { return slices[i].Responses > 0 }
 	series(func(i int) float64 { return ys.Map(logUs(slices[i].P50Us)) }, hasResp, svgplot.Color(0), "")
 	series(func(i int) float64 { return ys.Map(logUs(slices[i].P99Us)) }, hasResp, svgplot.Color(3), "")
+	series(func(i int) float64 { return ys.Map(logUs(slices[i].ServerP99Us)) }, hasResp, svgplot.Color(7), "4 3")
 	warmLabel(f)
 	c.LegendLine(svgLegendX, f.Top+10, svgLegendRow, 0, "p50", svgplot.Color(0), "")
 	c.LegendLine(svgLegendX, f.Top+10, svgLegendRow, 1, "p99", svgplot.Color(3), "")
+	c.LegendLine(svgLegendX, f.Top+10, svgLegendRow, 2, "server p99", svgplot.Color(7), "4 3")
+	c.Printf(`<text x="%d" y="%d" font-size="10" fill="#555">(lookup_latency_us)</text>`+"\n", svgLegendX+30, f.Top+10+3*svgLegendRow)
 
 	// Reason codes: stacked shares of each slice's calls, errors on top.
 	f = frames[1]

@@ -65,7 +65,7 @@ func sampleTimeline() *loadgen.Timeline {
 		if i != 7 { // a slice without responses leaves a gap
 			s.Responses = 500
 			s.Reasons = map[string]int64{"PREFIX_MATCH": int64(300 + 10*i), "AFFINITY_HINT": int64(150 - 10*i), "NO_HINT": 40, "other": 10}
-			s.P50Us, s.P99Us = float64(200+10*i), float64(2500+100*i)
+			s.P50Us, s.P99Us, s.ServerP99Us = float64(200+10*i), float64(2500+100*i), 60
 			s.HitBlocks, s.RoutedBlocks = int64(4000+100*i), 6000
 		}
 		if i == 3 {
@@ -86,7 +86,7 @@ func TestWriteSVG(t *testing.T) {
 	}
 	checkSVG(t, a)
 	s := string(a)
-	for _, want := range []string{"p50", "p99", ">PREFIX_MATCH<", ">AFFINITY_HINT<", ">errors<", "warm-up", ">100µs<", ">1ms<", ">10ms<", "whole run", "chat &lt;&amp;&#34;&#39;&gt;"} {
+	for _, want := range []string{"p50", "p99", ">PREFIX_MATCH<", ">AFFINITY_HINT<", ">errors<", "warm-up", ">10µs<", ">100µs<", ">1ms<", ">10ms<", "server p99", "whole run", "chat &lt;&amp;&#34;&#39;&gt;"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("SVG lacks %q", want)
 		}
@@ -95,8 +95,8 @@ func TestWriteSVG(t *testing.T) {
 	if strings.Contains(s, "UNKNOWN_MODEL") {
 		t.Error("the legend lists a reason code the run never saw")
 	}
-	// The gap at slice 7 breaks each of the three series in two.
-	if n := strings.Count(s, "<polyline"); n != 6 {
+	// The gap at slice 7 breaks each of the four series in two.
+	if n := strings.Count(s, "<polyline"); n != 8 {
 		t.Errorf("%d polylines, want 2 per series", n)
 	}
 }

@@ -61,7 +61,8 @@ type sliceCounters struct {
 type timeline struct {
 	slice    time.Duration
 	counters []sliceCounters
-	lat      []atomic.Uint64 // len(counters) × coarseBuckets
+	lat      []atomic.Uint64 // len(counters) × coarseBuckets: client latency
+	srv      []atomic.Uint64 // the same for the server's lookup_latency_us
 }
 
 // sliceLength returns the slice length for a run of span.
@@ -73,7 +74,8 @@ func sliceLength(span time.Duration) time.Duration {
 func newTimeline(span time.Duration) *timeline {
 	slice := sliceLength(span)
 	n := int(max((span+slice-1)/slice, 1))
-	return &timeline{slice: slice, counters: make([]sliceCounters, n), lat: make([]atomic.Uint64, n*coarseBuckets)}
+	return &timeline{slice: slice, counters: make([]sliceCounters, n),
+		lat: make([]atomic.Uint64, n*coarseBuckets), srv: make([]atomic.Uint64, n*coarseBuckets)}
 }
 
 // index returns the slice of a lookup sent at offset off into the run;
@@ -89,22 +91,25 @@ func coarseBucket(d time.Duration) int {
 	return bucketOf(min(v, histMax)) >> coarseShift
 }
 
-// recordOK counts one response in slice i.
-func (t *timeline) recordOK(i int, lat time.Duration, reason string, hitBlocks, allBlocks int) {
+// recordOK counts one response in slice i: its client latency, the
+// server's lookup latency, its reason code and modeled block hits.
+func (t *timeline) recordOK(i int, lat, srv time.Duration, reason string, hitBlocks, allBlocks int) {
 	c := &t.counters[i]
 	c.reasons[reasonIndex(reason)].Add(1)
 	c.hitBlocks.Add(int64(hitBlocks))
 	c.allBlocks.Add(int64(allBlocks))
 	t.lat[i*coarseBuckets+coarseBucket(lat)].Add(1)
+	t.srv[i*coarseBuckets+coarseBucket(srv)].Add(1)
 }
 
 // recordErr counts one failed call in slice i.
 func (t *timeline) recordErr(i int) { t.counters[i].errs.Add(1) }
 
 // quantile returns the latency at nearest rank ceil(q*n) of slice i's
-// responses, as its bucket's midpoint (0 without responses).
-func (t *timeline) quantile(i int, q float64) time.Duration {
-	b := t.lat[i*coarseBuckets : (i+1)*coarseBuckets]
+// responses in h (t.lat or t.srv), as its bucket's midpoint (0 without
+// responses).
+func (t *timeline) quantile(h []atomic.Uint64, i int, q float64) time.Duration {
+	b := h[i*coarseBuckets : (i+1)*coarseBuckets]
 	var n uint64
 	for k := range b {
 		n += b[k].Load()
@@ -143,6 +148,9 @@ type TimeSlice struct {
 	// responses (coarse buckets: within about 3 %).
 	P50Us float64 `json:"p50Us"`
 	P99Us float64 `json:"p99Us"`
+	// ServerP99Us is the p99 of the responses' lookup_latency_us: what of
+	// P99Us the server spent.
+	ServerP99Us float64 `json:"serverP99Us"`
 	// Reasons counts responses by reason code; codes the timeline does not
 	// track count as "other".
 	Reasons map[string]int64 `json:"reasons,omitempty"`
@@ -179,7 +187,8 @@ func (t *timeline) report(warmup, elapsed time.Duration) *Timeline {
 			s.Responses += n
 		}
 		us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-		s.P50Us, s.P99Us = us(t.quantile(i, 0.5)), us(t.quantile(i, 0.99))
+		s.P50Us, s.P99Us = us(t.quantile(t.lat, i, 0.5)), us(t.quantile(t.lat, i, 0.99))
+		s.ServerP99Us = us(t.quantile(t.srv, i, 0.99))
 		out.Slices = append(out.Slices, s)
 	}
 	return out

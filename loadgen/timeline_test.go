@@ -39,15 +39,18 @@ func TestTimelineQuantile(t *testing.T) {
 	for k := range 1000 {
 		d := time.Duration(50_000+k*k*7) * time.Nanosecond
 		exact.Record(d)
-		tl.recordOK(3, d, "PREFIX_MATCH", 3, 4)
+		tl.recordOK(3, d, d/10, "PREFIX_MATCH", 3, 4)
 	}
-	tl.recordOK(3, time.Duration(math.MaxInt64), "SOMETHING_NEW", 0, 2)
-	tl.recordOK(3, -time.Second, "NO_HINT", 0, 0)
+	tl.recordOK(3, time.Duration(math.MaxInt64), 0, "SOMETHING_NEW", 0, 2)
+	tl.recordOK(3, -time.Second, -1, "NO_HINT", 0, 0)
 	tl.recordErr(3)
 	for _, q := range []float64{0.5, 0.99} {
-		got, want := tl.quantile(3, q), exact.Quantile(q)
+		got, want := tl.quantile(tl.lat, 3, q), exact.Quantile(q)
 		if math.Abs(float64(got-want)) > float64(want)/32 {
 			t.Errorf("q%v = %v, exact %v", q, got, want)
+		}
+		if got, want := tl.quantile(tl.srv, 3, q), exact.Quantile(q)/10; math.Abs(float64(got-want)) > float64(want)/32 {
+			t.Errorf("server q%v = %v, exact %v", q, got, want)
 		}
 	}
 	rep := tl.report(200*time.Millisecond, 450*time.Millisecond)
@@ -71,7 +74,7 @@ func TestTimelineRecordAllocs(t *testing.T) {
 	reason := string([]byte("AFFINITY_HINT")) // not the constant's pointer
 	if n := testing.AllocsPerRun(1000, func() {
 		i := tl.index(1500 * time.Millisecond)
-		tl.recordOK(i, 123*time.Microsecond, reason, 2, 5)
+		tl.recordOK(i, 123*time.Microsecond, 9*time.Microsecond, reason, 2, 5)
 		tl.recordErr(i)
 	}); n != 0 {
 		t.Errorf("recording allocates %v times per lookup", n)
@@ -85,7 +88,7 @@ func BenchmarkTimelineRecord(b *testing.B) {
 		var k int
 		for pb.Next() {
 			k++
-			tl.recordOK(tl.index(time.Duration(k)*time.Millisecond), time.Duration(k%5000)*time.Microsecond, "PREFIX_MATCH", 3, 4)
+			tl.recordOK(tl.index(time.Duration(k)*time.Millisecond), time.Duration(k%5000)*time.Microsecond, 20*time.Microsecond, "PREFIX_MATCH", 3, 4)
 		}
 	})
 }
