@@ -32,6 +32,14 @@
 // Latencies go into a Histogram: log-linear buckets (64 per power of two)
 // with at most 1/128 relative error, merged from one per worker.
 //
+// Report.Timeline cuts the whole run, warm-up included, into at most 60
+// equal slices (100 ms or more) and counts each slice's responses by reason
+// code, errors, modeled block hits and latency (coarser buckets, within
+// about 3 %), by the lookup's intended send time; the counters are shared
+// atomics preallocated at the start, so recording allocates nothing.
+// (*Report).WriteSVG draws it (latency p50/p99, reason-code shares, modeled
+// hit ratio per slice); cmd/loadgen writes it with -svg.
+//
 // Workloads come from bench/workload: multi-turn chat, RAG, diffuse
 // single-turn behind shared system prompts, and Mooncake trace replay. Block
 // ids become 8-byte wire hashes through a per-seed bijection; when the

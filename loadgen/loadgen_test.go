@@ -73,6 +73,36 @@ func checkAgainstMetrics(t *testing.T, s *testServer, rep *loadgen.Report, model
 	}
 }
 
+// checkTimeline checks that the report's timeline adds up to its totals and
+// renders.
+func checkTimeline(t *testing.T, rep *loadgen.Report) {
+	t.Helper()
+	tl := rep.Timeline
+	if tl == nil || len(tl.Slices) == 0 || len(tl.Slices) > 60 || tl.WarmupSec != rep.Scenario.WarmupSec {
+		t.Fatalf("timeline %+v", tl)
+	}
+	var resp, errs, hit, routed int64
+	reasons := map[string]int64{}
+	for _, s := range tl.Slices {
+		resp += s.Responses
+		errs += s.Errors
+		hit += s.HitBlocks
+		routed += s.RoutedBlocks
+		for k, v := range s.Reasons {
+			reasons[k] += v
+		}
+		if s.Responses > 0 && (s.P50Us <= 0 || s.P50Us > s.P99Us) {
+			t.Errorf("slice at %.2fs: p50 %v, p99 %v", s.StartSec, s.P50Us, s.P99Us)
+		}
+	}
+	if resp != rep.Totals.Responses || errs != rep.Totals.Errors || !maps.Equal(reasons, rep.Totals.Reasons) ||
+		routed == 0 || float64(hit)/float64(routed) != rep.Feedback.ModeledBlockHitRatio {
+		t.Errorf("timeline sums: %d responses, %d errors, reasons %v, hits %d of %d; report totals %+v, modeled hit ratio %v",
+			resp, errs, reasons, hit, routed, rep.Totals, rep.Feedback.ModeledBlockHitRatio)
+	}
+	checkSVG(t, renderSVG(t, rep))
+}
+
 // TestRunAgainstServer is the acceptance test: a 2-second scenario
 // against a real server, checked against the server's own /metrics.
 func TestRunAgainstServer(t *testing.T) {
@@ -110,6 +140,8 @@ func TestRunAgainstServer(t *testing.T) {
 	if rep.Latency.P50Us <= 0 || rep.Latency.P50Us > rep.Latency.P99Us || rep.Latency.P99Us > rep.Latency.MaxUs {
 		t.Errorf("latency percentiles out of order: %+v", rep.Latency)
 	}
+	checkTimeline(t, rep)
+
 	// At most one progress line a second.
 	lines := strings.Count(progress.String(), "\n")
 	if lines < 1 || float64(lines) > math.Floor(rep.Lookups.ElapsedSec) {
@@ -179,6 +211,7 @@ func TestClosedLoopTraceReplay(t *testing.T) {
 	cfg.FlushInterval = time.Millisecond
 	rep := runLoad(t, cfg)
 	checkAgainstMetrics(t, s, rep, cfg.ModelID)
+	checkTimeline(t, rep)
 	if rep.Lookups.OK == 0 || rep.Reasons["PREFIX_MATCH"] == 0 {
 		t.Errorf("closed-loop trace replay: %d responses, reasons %v", rep.Lookups.OK, rep.Reasons)
 	}

@@ -225,7 +225,7 @@ func (c *cluster) closeStreams(ctx context.Context) error {
 // route picks the replica a lookup's request goes to: the first score when
 // it names one of ours, else the least-loaded replica (fewest prefills in
 // flight; ties broken round-robin). It then schedules the prefill there.
-func (c *cluster) route(resp *pb.LookupRouteResponse, req *workload.Request, epoch uint64, keys []uint64, now time.Time) {
+func (c *cluster) route(resp *pb.LookupRouteResponse, req *workload.Request, epoch uint64, keys []uint64, now time.Time) (hits int) {
 	idx, hinted := -1, false
 	if s := resp.GetReplicaScores(); len(s) > 0 {
 		if i, ok := c.byID[s[0].GetReplicaId()]; ok {
@@ -238,13 +238,14 @@ func (c *cluster) route(resp *pb.LookupRouteResponse, req *workload.Request, epo
 	} else {
 		c.routedHint.Add(1)
 	}
-	hits := c.replicas[idx].schedule(req, epoch, keys, now)
+	hits = c.replicas[idx].schedule(req, epoch, keys, now)
 	c.hitBlocks.Add(int64(hits))
 	c.routedBlocks.Add(int64(len(keys)))
 	if hinted {
 		c.hintHitBlocks.Add(int64(hits))
 		c.hintRoutedBlocks.Add(int64(len(keys)))
 	}
+	return hits
 }
 
 func (c *cluster) leastLoaded() int {

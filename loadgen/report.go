@@ -36,6 +36,9 @@ type Report struct {
 	Hints    Hints            `json:"hints"`
 	Feedback Feedback         `json:"feedback"`
 	Totals   Totals           `json:"totals"`
+	// Timeline cuts the whole run, warm-up included, into time slices
+	// (WriteSVG plots it); absent from reports of older versions.
+	Timeline *Timeline `json:"timeline,omitempty"`
 	// Server is filled by harnesses that run the server as a process
 	// (cmd/loadgen profile and ab); Run leaves it nil.
 	Server *ServerUsage `json:"server,omitempty"`
@@ -260,6 +263,9 @@ func (r *runner) fill(rep *Report, elapsed time.Duration) {
 	}
 	if e := c.lastErr.Load(); e != nil {
 		rep.Feedback.LastError = *e
+	}
+	if r.tl != nil {
+		rep.Timeline = r.tl.report(r.cfg.Warmup, elapsed)
 	}
 }
 

@@ -34,6 +34,7 @@ func sampleReport() *loadgen.Report {
 
 func TestReportJSONRoundTrip(t *testing.T) {
 	rep := sampleReport()
+	rep.Timeline = sampleTimeline()
 	var buf bytes.Buffer
 	if err := rep.WriteJSON(&buf); err != nil {
 		t.Fatal(err)

@@ -81,6 +81,8 @@ type runner struct {
 	first   uint64 // stream index of the first lookup (after populate)
 
 	recs []*recorder
+	// tl is the run's timeline, shared by the workers (atomic counters).
+	tl *timeline
 
 	// unfinished counts requests of the run without an answer when the
 	// drain deadline passed (never sent, or cut off in flight); written by
@@ -144,13 +146,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 const streamClientWindow = 1 << 20
 
 // defaultSize is the epoch size of a generated workload when none is set:
-// what an open-loop run at a fixed rate sends (so it never wraps), within
-// [MinWorkloadSize, MaxWorkloadSize]; MaxWorkloadSize otherwise.
+// the populate requests plus what an open-loop run at a fixed rate sends
+// (so its lookups never wrap), within [MinWorkloadSize, MaxWorkloadSize];
+// MaxWorkloadSize otherwise.
 func defaultSize(cfg *Config) int {
 	if cfg.Mode != OpenLoop || cfg.Arrival == ArrivalTrace {
 		return MaxWorkloadSize
 	}
 	want := cfg.Rate * (cfg.Warmup + cfg.Duration).Seconds() * 1.05
+	if cfg.PopulateRequests >= 0 {
+		want += float64(cfg.PopulateRequests)
+	} else {
+		// Lookups start after the default populate, which takes up to a
+		// quarter of the epoch.
+		want *= 4.0 / 3
+	}
 	return int(min(max(want, MinWorkloadSize), MaxWorkloadSize))
 }
 
@@ -221,6 +231,7 @@ func (r *runner) run(ctx context.Context) (*Report, error) {
 	for i := range r.recs {
 		r.recs[i] = newRecorder()
 	}
+	r.tl = newTimeline(cfg.Warmup + cfg.Duration)
 	r.started = time.Now()
 	end := r.started.Add(cfg.Warmup + cfg.Duration)
 	drainBy := end.Add(cfg.DrainTimeout)
@@ -420,13 +431,20 @@ func (w *worker) lookup(ctx context.Context, r *runner, rec *recorder, i uint64,
 		lat = done.Sub(sent)
 	}
 
+	hits := 0
 	if err == nil {
-		r.cluster.route(resp, wreq, epoch, keys, done)
+		hits = r.cluster.route(resp, wreq, epoch, keys, done)
 	} else if ctx.Err() != nil {
 		// Cut off by the end of the run, not failed: the server may or may
 		// not have answered it.
 		r.unfinished.Add(1)
 		return
+	}
+	slot := r.tl.index(intended.Sub(r.started))
+	if err != nil {
+		r.tl.recordErr(slot)
+	} else {
+		r.tl.recordOK(slot, lat, time.Duration(resp.GetLookupLatencyUs())*time.Microsecond, resp.GetReasonCode(), hits, len(keys))
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

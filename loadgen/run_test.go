@@ -26,3 +26,21 @@ func TestOpenLoopUnfinishedWhenCancelled(t *testing.T) {
 	f(ArrivalConstant, 1000, 1000)
 	f(ArrivalPoisson, 1e-6, 0) // the first arrival lies far past the 1 s window
 }
+
+// TestDefaultSizeLeavesRoomForPopulate: the lookups of an open-loop run
+// start after the populate requests and must not wrap the epoch (a wrap
+// renames every block, so the modeled hit ratio would drop to 0 mid-run).
+func TestDefaultSizeLeavesRoomForPopulate(t *testing.T) {
+	for _, populate := range []int{-1, 0, 3000} {
+		cfg := DefaultConfig()
+		cfg.Rate, cfg.Warmup, cfg.Duration, cfg.PopulateRequests = 1000, 2*time.Second, 10*time.Second, populate
+		size := defaultSize(&cfg)
+		popN := populate
+		if popN < 0 {
+			popN = size / 4 // defaultPopulate's upper bound
+		}
+		if sent := int(cfg.Rate * 12); size-popN < sent {
+			t.Errorf("populate %d: epoch of %d requests, %d populate, %d lookups: the run wraps", populate, size, popN, sent)
+		}
+	}
+}

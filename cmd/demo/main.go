@@ -9,7 +9,9 @@
 // (engine.go) whose KV events and load reach the index through real
 // kvevents subscribers, tokenized by the picker with a small real
 // tokenizer checked in under tokenizer/ (tokenizer.go), and prints where
-// the requests went and why.
+// the requests went and why. The load run is also drawn as an SVG (-svg,
+// by default inferencecache-demo.svg in the temporary directory), whose
+// path the demo prints last.
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -56,6 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	lg.Warmup = time.Second
 	lg.Duration = 5 * time.Second
 	var jsonOut, tokenizerDir string
+	svgOut := filepath.Join(os.TempDir(), "inferencecache-demo.svg")
 	var quiet bool
 	conversations, turns := 12, 4
 	model := demoModelID
@@ -67,6 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&lg.Duration, "duration", lg.Duration, "measured window")
 	fs.Uint64Var(&lg.Seed, "seed", lg.Seed, "workload and arrival seed")
 	fs.StringVar(&jsonOut, "json", "", "also write the JSON report to this file")
+	fs.StringVar(&svgOut, "svg", svgOut, "write the load run's SVG charts (latency, reason codes, modeled hit ratio over time) to this file (empty or none: no SVG)")
 	fs.BoolVar(&quiet, "quiet", false, "no progress line")
 	fs.IntVar(&conversations, "picker-conversations", conversations, "conversations sent through the endpoint picker")
 	fs.IntVar(&turns, "picker-turns", turns, "turns of each conversation")
@@ -158,6 +163,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return errors.Join(fmt.Errorf("cannot write %s: %w", jsonOut, err), stop())
 		}
 	}
+	if svgOut == "none" {
+		svgOut = ""
+	}
+	if svgOut != "" {
+		f, err := os.Create(svgOut)
+		if err == nil {
+			err = errors.Join(rep.WriteSVG(f), f.Close())
+		}
+		if err != nil {
+			return errors.Join(fmt.Errorf("cannot write %s: %w", svgOut, err), stop())
+		}
+	}
 	checkErr := checkMetrics(ctx, stdout, srv.HTTPAddr().String(), lg.ModelID, rep)
 	if checkErr != nil {
 		return errors.Join(checkErr, stop())
@@ -171,6 +188,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.Join(err, stop())
 	}
 	writePickerReport(stdout, pr)
+	if svgOut != "" {
+		fmt.Fprintf(stdout, "\nwrote SVG of the load run (latency, reason codes and modeled hit ratio over time): %s\n", svgOut)
+	}
 	return stop()
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -19,7 +21,8 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	if err := run(ctx, []string{"-rate", "300", "-warmup", "300ms", "-duration", "1s"}, &stdout, &stderr); err != nil {
+	svgPath := filepath.Join(t.TempDir(), "demo.svg")
+	if err := run(ctx, []string{"-rate", "300", "-warmup", "300ms", "-duration", "1s", "-svg", svgPath}, &stdout, &stderr); err != nil {
 		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
 	out := stdout.String()
@@ -30,6 +33,12 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+	if !strings.HasSuffix(out, svgPath+"\n") {
+		t.Errorf("the demo does not end with the SVG's path %s:\n%s", svgPath, out)
+	}
+	if svg, err := os.ReadFile(svgPath); err != nil || !bytes.Contains(svg, []byte("Modeled block hit ratio per slice")) {
+		t.Errorf("demo SVG: %v\n%.200s", err, svg)
 	}
 	m := regexp.MustCompile(`later turns (\d+) %`).FindStringSubmatch(out)
 	if m == nil {

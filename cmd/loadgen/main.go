@@ -1,7 +1,9 @@
 // Command loadgen drives a running inferencecache server over gRPC and
 // reports LookupRoute latency, throughput, reason codes and hint ratios
 // (package loadgen does the work; this command maps flags and, for profile
-// and ab, runs server binaries as child processes on 127.0.0.1).
+// and ab, runs server binaries as child processes on 127.0.0.1). run and
+// profile also draw the run over time as an SVG (-svg; by default next to
+// -md or -json, else in the temporary directory) and print its path.
 //
 //	loadgen [run] [flags]            run a scenario against -addr (see -help)
 //	loadgen compare a.json b.json    diff two JSON reports as B/A ratios
@@ -20,7 +22,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 
 	"github.com/inferencecache/inferencecache/loadgen"
@@ -126,6 +130,7 @@ func parse(fs *flag.FlagSet, args []string, stderr io.Writer) (done bool, _ erro
 type scenario struct {
 	mode, arrival  string
 	jsonOut, mdOut string
+	svgOut         string // a path, svgAuto, or "" / svgNone for no SVG
 	note           string
 	quiet          bool
 }
@@ -162,6 +167,8 @@ func scenarioFlags(fs *flag.FlagSet, cfg *loadgen.Config) *scenario {
 	fs.DurationVar(&cfg.ClearEvery, "clear-every", cfg.ClearEvery, "one replica publishes ALL_CLEARED at this period (0: never)")
 	fs.StringVar(&sf.jsonOut, "json", "", "write the JSON report to this file")
 	fs.StringVar(&sf.mdOut, "md", "", "write the Markdown report to this file (it is always printed to stdout)")
+	fs.StringVar(&sf.svgOut, "svg", svgAuto, "write the SVG charts of the run (latency, reason codes and modeled hit ratio over time) to this file; "+
+		svgAuto+": next to -md or -json with the extension .svg, else "+filepath.Join(os.TempDir(), defaultSVGName)+"; "+svgNone+" or empty: no SVG")
 	fs.StringVar(&sf.note, "note", "", "free text stored in the report's machine note (e.g. the machine)")
 	fs.BoolVar(&sf.quiet, "quiet", false, "no progress line on stderr")
 	return sf
@@ -188,7 +195,48 @@ func (sf *scenario) output(rep *loadgen.Report, stdout io.Writer) error {
 			return err
 		}
 	}
-	return rep.WriteMarkdown(stdout)
+	if err := rep.WriteMarkdown(stdout); err != nil {
+		return err
+	}
+	if path := svgPath(sf.svgOut, sf.mdOut, sf.jsonOut); path != "" {
+		if err := writeFile(path, rep.WriteSVG); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\nwrote SVG: %s\n", path)
+	}
+	return nil
+}
+
+// Values of -svg besides a path.
+const (
+	svgAuto        = "auto"
+	svgNone        = "none"
+	defaultSVGName = "loadgen-report.svg"
+)
+
+// svgPath resolves -svg: "" when it is off, the path it names, or for
+// svgAuto the first report file given with its extension replaced by .svg
+// (the temporary directory when the report goes only to stdout, so a run
+// does not litter the working tree).
+func svgPath(flagValue string, reports ...string) string {
+	switch flagValue {
+	case "", svgNone:
+		return ""
+	case svgAuto:
+	default:
+		return flagValue
+	}
+	for _, r := range reports {
+		if r == "" {
+			continue
+		}
+		p := strings.TrimSuffix(r, filepath.Ext(r)) + ".svg"
+		if p == r {
+			p += ".svg"
+		}
+		return p
+	}
+	return filepath.Join(os.TempDir(), defaultSVGName)
 }
 
 func tlsConfig(caFile, serverName string, skipVerify bool) (*tls.Config, error) {

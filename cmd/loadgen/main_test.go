@@ -48,8 +48,19 @@ func TestRunAndCompare(t *testing.T) {
 		if !strings.Contains(stdout.String(), "| LookupRoute latency |") {
 			t.Fatalf("run %d printed no report:\n%s", i, stdout.String())
 		}
+		if want := "wrote SVG: " + filepath.Join(dir, []string{"a.svg", "b.svg"}[i]) + "\n"; !strings.HasSuffix(stdout.String(), want) {
+			t.Errorf("run %d does not end with %q:\n%s", i, want, stdout.String())
+		}
 		if quiet := i == 1; quiet != (stderr.Len() == 0) {
 			t.Errorf("run %d: progress output %q", i, stderr.String())
+		}
+	}
+	// -svg defaults to next to the report: -md's a.md gives a.svg, -json's
+	// b.json b.svg.
+	for _, name := range []string{"a.svg", "b.svg"} {
+		svg, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil || !bytes.HasPrefix(svg, []byte("<svg ")) || !bytes.Contains(svg, []byte("Reason codes per slice")) {
+			t.Errorf("%s: %v\n%.200s", name, err, svg)
 		}
 	}
 	a, err := loadgen.LoadReport(filepath.Join(dir, "a.json"))
@@ -68,6 +79,28 @@ func TestRunAndCompare(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), "| throughput /s |") {
 		t.Errorf("compare printed:\n%s", stdout.String())
+	}
+}
+
+func TestSVGPath(t *testing.T) {
+	tmp := filepath.Join(os.TempDir(), "loadgen-report.svg")
+	for _, c := range []struct {
+		flag    string
+		reports []string
+		want    string
+	}{
+		{"auto", []string{"", ""}, tmp},
+		{"auto", []string{"out/r.md", "out/r.json"}, "out/r.svg"},
+		{"auto", []string{"", "r.json"}, "r.svg"},
+		{"auto", []string{"report", ""}, "report.svg"},
+		{"auto", []string{"odd.svg", ""}, "odd.svg.svg"},
+		{"", []string{"r.md"}, ""},
+		{"none", []string{"r.md"}, ""},
+		{"x/plot.svg", []string{"r.md"}, "x/plot.svg"},
+	} {
+		if got := svgPath(c.flag, c.reports...); got != c.want {
+			t.Errorf("svgPath(%q, %q) = %q, want %q", c.flag, c.reports, got, c.want)
+		}
 	}
 }
 
@@ -134,13 +167,16 @@ func TestTLS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	args := []string{"-addr", addr, "-tls", "-tls-ca", certFile, "-rate", "100", "-warmup", "0s", "-duration", "500ms", "-quiet", "-json", filepath.Join(dir, "r.json")}
+	args := []string{"-addr", addr, "-tls", "-tls-ca", certFile, "-rate", "100", "-warmup", "0s", "-duration", "500ms", "-quiet", "-json", filepath.Join(dir, "r.json"), "-svg", "none"}
 	if err := run(ctx, args, &stdout, &stderr); err != nil {
 		t.Fatalf("loadgen over TLS: %v\n%s", err, stderr.String())
 	}
 	rep, err := loadgen.LoadReport(filepath.Join(dir, "r.json"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "r.svg")); !os.IsNotExist(err) || strings.Contains(stdout.String(), "wrote SVG") {
+		t.Errorf("-svg none wrote an SVG (stat: %v)", err)
 	}
 	if !rep.Scenario.TLS || rep.Lookups.OK == 0 || rep.Lookups.Errors != 0 {
 		t.Fatalf("TLS run: tls %v, %d responses, %d errors", rep.Scenario.TLS, rep.Lookups.OK, rep.Lookups.Errors)

@@ -73,7 +73,7 @@ func profile(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("loadgen profile", flag.ContinueOnError)
 	sf := scenarioFlags(fs, &cfg)
 	bin := fs.String("server", "", "server binary to profile (built from ./cmd/server; pprof is enabled with --enable-pprof)")
-	out := fs.String("out", "profiles", "directory for cpu, heap, allocs, mutex and block .pprof files and loadgen.{json,md}")
+	out := fs.String("out", "profiles", "directory for cpu, heap, allocs, mutex and block .pprof files and loadgen.{json,md,svg}")
 	if done, err := parse(fs, args, stderr); done || err != nil {
 		return err
 	}
