@@ -308,29 +308,44 @@ func newPickerWorkload(cfg *PickerConfig) *pickerWorkload {
 	return w
 }
 
-// next returns a conversation and the turn to send. A new conversation is
-// built outside the lock.
+// next returns a conversation and the turn to send. A conversation that
+// sent its last turn is replaced by a new one built outside the lock; until
+// the replacement is stored, next passes over it (handing out its turn
+// past the last would read past its exchanges).
 func (w *pickerWorkload) next() (*pickerConv, int) {
 	w.mu.Lock()
-	i := w.at
-	w.at = (w.at + 1) % len(w.convs)
-	c := w.convs[i]
-	t := c.next
-	c.next++
-	var id uint64
-	replace := c.next >= w.cfg.Turns
-	if replace {
-		id = w.nextID
-		w.nextID++
-	}
-	w.mu.Unlock()
-	if replace {
-		nc := newPickerConv(w.cfg, id)
-		w.mu.Lock()
-		w.convs[i] = nc
+	for range len(w.convs) {
+		i := w.at
+		w.at = (w.at + 1) % len(w.convs)
+		c := w.convs[i]
+		if c.next >= w.cfg.Turns {
+			continue // its replacement is being built
+		}
+		t := c.next
+		c.next++
+		var id uint64
+		replace := c.next >= w.cfg.Turns
+		if replace {
+			id = w.nextID
+			w.nextID++
+		}
 		w.mu.Unlock()
+		if replace {
+			nc := newPickerConv(w.cfg, id)
+			w.mu.Lock()
+			w.convs[i] = nc
+			w.mu.Unlock()
+		}
+		return c, t
 	}
-	return c, t
+	// Every conversation awaits its replacement (more workers than
+	// conversations): this request starts a conversation of its own.
+	id := w.nextID
+	w.nextID++
+	w.mu.Unlock()
+	c := newPickerConv(w.cfg, id)
+	c.next = 1
+	return c, 0
 }
 
 // pickerRun is the state of one RunPicker.
