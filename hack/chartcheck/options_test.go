@@ -134,6 +134,23 @@ func TestChartOptions(t *testing.T) {
 		set   map[string]any
 		check func(t *testing.T, objs []object)
 	}{
+		{"controller metrics over plain HTTP", nil, map[string]any{"controller": map[string]any{"metricsSecure": false},
+			"monitoring": map[string]any{"serviceMonitors": map[string]any{"enabled": true}}}, func(t *testing.T, objs []object) {
+			for _, a := range []string{"--metrics-bind-address=:8080", "--metrics-secure=false"} {
+				if !hasArg(t, objs, "inferencecache-controller", a) {
+					t.Errorf("no %s: %q", a, args(t, objs, "inferencecache-controller"))
+				}
+			}
+			for _, o := range []object{find(objs, "Deployment", "inferencecache-controller"), find(objs, "Service", "inferencecache-controller-metrics"),
+				find(objs, "ServiceMonitor", "inferencecache-controller")} {
+				if o == nil {
+					t.Fatal("a controller Deployment, metrics Service or ServiceMonitor is missing")
+				}
+				if j := toJSON(t, o); (str(o, "kind") != "ServiceMonitor" && !strings.Contains(j, "8080")) || strings.Contains(j, "8443") || strings.Contains(j, "https") || strings.Contains(j, "bearerTokenFile") {
+					t.Errorf("%s still serves or scrapes HTTPS: %s", id(o), j)
+				}
+			}
+		}},
 		{"crds off", nil, map[string]any{"crds": map[string]any{"install": false}}, func(t *testing.T, objs []object) {
 			if n := count(objs, "CustomResourceDefinition"); n != 0 {
 				t.Errorf("%d CRDs with crds.install=false", n)
