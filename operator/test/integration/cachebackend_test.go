@@ -727,7 +727,7 @@ func TestCacheBackendTypesNotProvisioned(t *testing.T) {
 		eventually(t, 10*time.Second, func() error {
 			if b, err := getBackend(ctx, ns, name); err != nil {
 				return err
-			} else if got := conditionTypes(b); !sameSet(got, "Ready", "Degraded", "Progressing", "EngineCompatibility") {
+			} else if got := conditionTypes(b); !sameSet(got, "Ready", "Degraded", "Progressing", "EngineCompatibility", "EngineKernelsHealthy") {
 				return fmt.Errorf("%s conditions %v", name, got)
 			}
 			return nil
