@@ -67,9 +67,9 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		"pool without API":         {[]string{"--insecure-disable-auth", "--inference-pool", "ns/pool", "--kubeconfig", "/nonexistent/kubeconfig"}, "cannot load --kubeconfig"},
 		"missing file":             {[]string{"--insecure-disable-auth", "--endpoints-file", "/nonexistent/endpoints.yaml"}, "endpoints file"},
 		"ext-proc TLS":             {[]string{"--insecure-disable-auth", "--ext-proc-bind-address", "127.0.0.1:0", "--ext-proc-plaintext", "--ext-proc-tls-cert-file", "x"}, "exclude each other"},
-		"expected credit above 1": {[]string{"--insecure-disable-auth", "--load-expected-credit", "1.5"}, "expected-entry credit"},
-		"eviction share of 1":     {[]string{"--insecure-disable-auth", "--load-eviction-share", "1"}, "eviction share"},
-		"negative expected TTL":   {[]string{"--insecure-disable-auth", "--load-expected-ttl", "-1s"}, "expected-entry TTL"},
+		"expected credit above 1":  {[]string{"--insecure-disable-auth", "--load-expected-credit", "1.5"}, "expected-entry credit"},
+		"eviction share of 1":      {[]string{"--insecure-disable-auth", "--load-eviction-share", "1"}, "eviction share"},
+		"negative expected TTL":    {[]string{"--insecure-disable-auth", "--load-expected-ttl", "-1s"}, "expected-entry TTL"},
 		"negative NATS byte bound": {[]string{"--insecure-disable-auth", "--nats-url", "nats://127.0.0.1:1", "--nats-stream-max-bytes", "-1"}, "max bytes"},
 	} {
 		t.Run(name, func(t *testing.T) {
