@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -19,6 +20,9 @@ import (
 // crashing again (CrashLoopBackOff waits up to 5 minutes) never reads as
 // healthy in between, short enough that a one-off fault stops gating Ready.
 const KernelFaultWindow = 10 * time.Minute
+
+// maxNamedFaults is how many faulted containers the condition names.
+const maxNamedFaults = 5
 
 // kernelFaults are the phrases a GPU engine's last words carry when one of
 // its compiled kernels cannot run: the image was built for another GPU
@@ -147,13 +151,19 @@ func engineKernels(b *v1alpha1.CacheBackend, pods []corev1.Pod, now time.Time, c
 	}
 	if len(faulted) > 0 {
 		slices.Sort(faulted)
+		// A fleet-wide fault (one bad image) names a few containers, not
+		// hundreds: the condition message stays readable and small.
+		list := strings.Join(faulted[:min(len(faulted), maxNamedFaults)], ", ")
+		if n := len(faulted) - maxNamedFaults; n > 0 {
+			list += fmt.Sprintf(" and %d more", n)
+		}
 		c.set(v1alpha1.BackendConditionEngineKernelsHealthy, metav1.ConditionFalse, ReasonEngineKernelDegraded,
-			"engine containers last terminated on a GPU-kernel fault: "+strings.Join(faulted, ", ")+
+			"engine containers last terminated on a GPU-kernel fault: "+list+
 				"; check the engine image against the node's GPU and driver (kubectl describe pod shows the last log lines)")
 		return wait
 	}
 	c.set(v1alpha1.BackendConditionEngineKernelsHealthy, metav1.ConditionTrue, ReasonEngineKernelsOK,
-		"no injected engine container terminated on a GPU-kernel fault in the last "+KernelFaultWindow.String())
+		"no injected engine container's last termination was a GPU-kernel fault, or it has run ready for "+KernelFaultWindow.String()+" since")
 	return 0
 }
 

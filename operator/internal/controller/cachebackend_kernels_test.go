@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +91,12 @@ func TestEngineKernels(t *testing.T) {
 	clean.LastTerminationState.Terminated = terminated(fault, 0, now)
 	f("a clean exit is no fault", []corev1.Pod{pod("e-0", injected, clean)}, metav1.ConditionTrue, 0, "")
 	f("not injected by this backend", []corev1.Pod{pod("e-0", map[string]string{InjectedByAnnotation: "ns/other"}, crashing)}, metav1.ConditionTrue, 0, "")
+
+	many := make([]corev1.Pod, 8)
+	for i := range many {
+		many[i] = pod(fmt.Sprintf("e-%d", i), injected, crashing)
+	}
+	f("a fleet-wide fault names five", many, metav1.ConditionFalse, 0, "e-4/engine (the image's CUDA kernels were not built for this GPU architecture) and 3 more")
 
 	// A Ready already False keeps its reason.
 	b.Status.Conditions = []metav1.Condition{{Type: v1alpha1.BackendConditionReady, Status: metav1.ConditionFalse, Reason: ReasonReplicasUnavailable}}
