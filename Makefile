@@ -22,6 +22,11 @@ NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/conf
 # Build tools whose tests start no goroutine of ours (image build, chart
 # render and compare): the race detector has nothing to find there, and
 # under it the image test's layer compression alone took about 9 minutes.
+# They run with the binaries' flags (CGO_ENABLED=0, TESTBIN_FLAGS), so the
+# packages they share with ./cmd/... come from its build. `make test
+# NO_RACE_MODULES=` runs them under -race too. Every nested module requires
+# the main module's versions of what both build (TestNestedModulesShareVersions),
+# so each package compiles once per configuration.
 NO_RACE_MODULES := hack/images hack/chartcheck
 # The Helm chart; hack/chartcheck checks it against operator/config and
 # runs the Helm CLI of its go.mod (`go tool helm`).
@@ -56,8 +61,9 @@ test: ## Run every test with -race (the build-tool modules in NO_RACE_MODULES wi
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \
-	for m in $(NESTED_MODULES); do race=-race; case " $(NO_RACE_MODULES) " in *" $$m "*) race=;; esac; \
-		(cd $$m && KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) $(GO) test -mod=mod $$race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+	for m in $(NESTED_MODULES); do flags=-race cgo=; case " $(NO_RACE_MODULES) " in *" $$m "*) flags="$(TESTBIN_FLAGS)" cgo=CGO_ENABLED=0;; esac; \
+		(cd $$m && env $$cgo KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
+			$(GO) test -mod=mod $$flags -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
 
 .PHONY: chaos
 chaos: ## Chaos run (docs/scaleout.md): NATS, 3 servers, 4 fake engines with subscribers as real processes, one SIGKILLed every 5-10 s for CHAOS_DURATION (default 3m; CHAOS_SEED reruns a schedule), then every index checked against the engines' truth. `make test` runs it for 60 s.
