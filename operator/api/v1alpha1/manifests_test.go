@@ -7,10 +7,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/inferencecache/inferencecache/internal/testbin"
 )
 
 // TestGeneratedFilesUpToDate regenerates the deep-copy code, CRDs, RBAC role
@@ -26,6 +29,11 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 	out := t.TempDir()
 	cmd := exec.Command("bash", filepath.Join(root, "hack", "manifests.sh"), out)
 	cmd.Dir = root
+	// controller-gen is built, and loads the packages, with the binaries'
+	// flags: the Kubernetes packages it shares with ./cmd/... are then
+	// compiled once, by the build `make test` starts with.
+	cmd.Env = append(os.Environ(), testbin.Env...)
+	cmd.Env = append(cmd.Env, "GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" "+strings.Join(testbin.Flags, " ")))
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("hack/manifests.sh: %v\n%s", err, b)
 	}
