@@ -25,8 +25,9 @@ NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/conf
 # render and compare): the race detector has nothing to find there, and
 # under it the image test's layer compression alone took about 9 minutes.
 # They run with the binaries' flags (CGO_ENABLED=0, TESTBIN_FLAGS), so the
-# packages they share with ./cmd/... come from its build. `make test
-# NO_RACE_MODULES=` runs them under -race too. Every nested module requires
+# packages they share with ./cmd/... come from its build, and beside the
+# -race run (their output follows it), on the CPU its long tests leave idle.
+# `make test NO_RACE_MODULES=` runs them under -race too, after it. Every nested module requires
 # the main module's versions of what both build (TestNestedModulesShareVersions),
 # so each package compiles once per configuration.
 NO_RACE_MODULES := hack/images hack/chartcheck
@@ -60,12 +61,18 @@ test: ## Run every test with -race (the build-tool modules in NO_RACE_MODULES wi
 	echo "tokenizer assets: $$tokenizers" && \
 	CGO_ENABLED=0 $(GO) build $(TESTBIN_FLAGS) ./cmd/... github.com/nats-io/nats-server/v2 sigs.k8s.io/controller-tools/cmd/controller-gen && \
 	CGO_ENABLED=0 TOKENIZER_ASSETS=$$tokenizers $(GO) test $(TESTBIN_FLAGS) -vet=off -count=1 -run 'Golden|E2EPromptText' ./tokenizer/... ./kvevents/ && \
+	tools=$$(mktemp) && tp= && trap 'if [ -n "$$tp" ]; then kill $$tp 2>/dev/null || true; fi; rm -f "$$tools"' EXIT && \
+	{ for m in $(NO_RACE_MODULES); do \
+		(cd $$m && CGO_ENABLED=0 KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
+			$(GO) test -mod=mod $(TESTBIN_FLAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; \
+	  done >"$$tools" 2>&1 & tp=$$!; } && \
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \
-	for m in $(NESTED_MODULES); do flags=-race cgo=; case " $(NO_RACE_MODULES) " in *" $$m "*) flags="$(TESTBIN_FLAGS)" cgo=CGO_ENABLED=0;; esac; \
-		(cd $$m && env $$cgo KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
-			$(GO) test -mod=mod $$flags -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+	for m in $(NESTED_MODULES); do case " $(NO_RACE_MODULES) " in *" $$m "*) continue;; esac; \
+		(cd $$m && KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
+			$(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done && \
+	{ rc=0; wait $$tp || rc=$$?; tp=; cat "$$tools"; exit $$rc; }
 
 .PHONY: chaos
 chaos: ## Chaos run (docs/scaleout.md): NATS, 3 servers, 4 fake engines with subscribers as real processes, one SIGKILLed every 5-10 s for CHAOS_DURATION (default 3m; CHAOS_SEED reruns a schedule), then every index checked against the engines' truth. `make test` runs it for 60 s.
