@@ -27,10 +27,15 @@ NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/conf
 # They run with the binaries' flags (CGO_ENABLED=0, TESTBIN_FLAGS), so the
 # packages they share with ./cmd/... come from its build, and beside the
 # -race run (their output follows it), on the CPU its long tests leave idle.
-# `make test NO_RACE_MODULES=` runs them under -race too, after it. Every nested module requires
-# the main module's versions of what both build (TestNestedModulesShareVersions),
-# so each package compiles once per configuration.
+# `make test NO_RACE_MODULES=` runs them under -race too, after it. Every
+# nested module requires the main module's versions of what both build
+# (TestNestedModulesShareVersions), so each package compiles once per
+# configuration.
 NO_RACE_MODULES := hack/images hack/chartcheck
+# How `make test` tests a nested module (run in its folder; $$assets is the
+# envtest folder).
+NESTED_TEST = KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
+	$(GO) test -mod=mod -count=1 -timeout $(TEST_TIMEOUT)
 # The Helm chart; hack/chartcheck checks it against operator/config and
 # runs the Helm CLI of its go.mod (`go tool helm`).
 CHART := charts/inferencecache
@@ -63,15 +68,13 @@ test: ## Run every test with -race (the build-tool modules in NO_RACE_MODULES wi
 	CGO_ENABLED=0 TOKENIZER_ASSETS=$$tokenizers $(GO) test $(TESTBIN_FLAGS) -vet=off -count=1 -run 'Golden|E2EPromptText' ./tokenizer/... ./kvevents/ && \
 	tools=$$(mktemp) && tp= && trap 'if [ -n "$$tp" ]; then kill $$tp 2>/dev/null || true; fi; rm -f "$$tools"' EXIT && \
 	{ for m in $(NO_RACE_MODULES); do \
-		(cd $$m && CGO_ENABLED=0 KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
-			$(GO) test -mod=mod $(TESTBIN_FLAGS) -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; \
+		(cd $$m && CGO_ENABLED=0 $(NESTED_TEST) $(TESTBIN_FLAGS) ./...) || exit 1; \
 	  done >"$$tools" 2>&1 & tp=$$!; } && \
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
 		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \
 	for m in $(NESTED_MODULES); do case " $(NO_RACE_MODULES) " in *" $$m "*) continue;; esac; \
-		(cd $$m && KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
-			$(GO) test -mod=mod -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done && \
+		(cd $$m && $(NESTED_TEST) -race ./...) || exit 1; done && \
 	{ rc=0; wait $$tp || rc=$$?; tp=; cat "$$tools"; exit $$rc; }
 
 .PHONY: chaos
