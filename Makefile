@@ -17,28 +17,37 @@ BIN := $(CURDIR)/bin
 # The build flags (with CGO_ENABLED=0) of every binary a test runs
 # (internal/testbin) and of the images: `make test` compiles ./cmd/... (and
 # controller-gen, which the manifests' staleness test runs) with them first,
-# so those tests only link. The tokenizer golden step shares that build and
-# skips vet: the -race run vets the same packages.
+# so those tests only link.
 TESTBIN_FLAGS := -trimpath
 NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/config/grafana/dashgen hack/chartcheck
-# Build tools whose tests start no goroutine of ours (image build, chart
-# render and compare): the race detector has nothing to find there, and
-# under it the image test's layer compression alone took about 9 minutes.
-# They run with the binaries' flags (CGO_ENABLED=0, TESTBIN_FLAGS), so the
-# packages they share with ./cmd/... come from its build, and beside the
-# -race run (their output follows it), on the CPU its long tests leave idle.
-# `make test NO_RACE_MODULES=` runs them under -race too, after it. Every
-# nested module requires the main module's versions of what both build
-# (TestNestedModulesShareVersions), so each package compiles once per
-# configuration.
-NO_RACE_MODULES := hack/images hack/chartcheck
-# The -race run builds without cmd/server's default.pgo: with it, every
-# dependency of cmd/server compiled (and was vetted) twice more under -race,
-# for the package and for its test binary, about 30 % of that run's work on a
-# cold cache (go test -debug-trace). The profile only changes inlining, which
-# the race detector has no stake in; the PGO build that ships still compiles
-# in the recipe's CGO_ENABLED=0 build, and hack/images' tests put it in images.
-RACE_FLAGS := -pgo=off
+# Build tools (image build, chart render and compare, alert-rule tests,
+# dashboard generation), tested without -race: their own code runs on one
+# goroutine, and the goroutines of ours some of them start (a real server,
+# to list the metrics it registers) are the server's, which the -race run
+# covers in its own packages. Under the race detector the image test's layer
+# compression alone took about 9 minutes, and the Prometheus and Grafana
+# SDKs compiled a second time for it. `make test NO_RACE_MODULES=` runs them
+# under -race too, after it. Every nested module requires the main module's
+# versions of what both build (TestNestedModulesShareVersions), so each
+# package compiles once per configuration.
+NO_RACE_MODULES := hack/images hack/chartcheck operator/config/prometheus/rulestest operator/config/grafana/dashgen
+# What the -race run skips or shrinks for its cost, run without it: the
+# tokenizers' full golden checks, the allocation counts (the race detector
+# allocates), the committed bench results (the whole trace under the race
+# detector is minutes) and the full size of single-goroutine random walks
+# (the engine's differential test, the simulator's); RACE_SKIPPED_PACKAGES
+# are where those tests live.
+RACE_SKIPPED_RUN := Golden|E2EPromptText|Allocs|^TestCommitted|^TestDifferentialAgainstReference$$|^TestIngestBatchMatchesIngest$$|^TestRun(Deterministic|Invariants)$$
+RACE_SKIPPED_PACKAGES := ./tokenizer/... ./kvevents/ ./engine/ ./rpc/ ./server/ ./bench/
+# Every build of `make test` (the binaries, the -race run, the binaries
+# tests build, the images) ignores cmd/server's default.pgo: with it, each
+# dependency of cmd/server compiled once more for the binary and twice more
+# under -race (for the package and for its test binary), about 45 % of a
+# cold run's compile work (go test -debug-trace). The profile only changes
+# inlining decisions; cmd/server's TestDefaultProfile checks that the
+# compiler accepts it and that the functions it names still exist, and
+# `make build` and `make images` build with it.
+TEST_GOFLAGS := -pgo=off
 # How `make test` tests a nested module (run in its folder; $$assets is the
 # envtest folder).
 NESTED_TEST = KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
@@ -66,23 +75,25 @@ run: ## Main job: start the server on embedded defaults, run a short load, print
 	$(GO) run ./cmd/demo
 
 .PHONY: test
-test: ## Run every test with -race (the build-tool modules in NO_RACE_MODULES without), and the full tokenizer golden checks without it (installs the envtest binaries and the reference tokenizers when missing).
-	@assets=$$(bash hack/envtest-assets.sh) && \
+test: ## Run every test with -race (the build-tool modules in NO_RACE_MODULES without), and beside it, without -race, what that run skips (RACE_SKIPPED_RUN) (installs the envtest binaries and the reference tokenizers when missing).
+	@export GOFLAGS="$${GOFLAGS:+$$GOFLAGS }$(TEST_GOFLAGS)" && \
+	assets=$$(bash hack/envtest-assets.sh) && \
 	echo "envtest assets: $$assets" && \
 	tokenizers=$$(bash hack/tokenizer-assets.sh) && \
 	echo "tokenizer assets: $$tokenizers" && \
 	CGO_ENABLED=0 $(GO) build $(TESTBIN_FLAGS) ./cmd/... github.com/nats-io/nats-server/v2 sigs.k8s.io/controller-tools/cmd/controller-gen && \
-	CGO_ENABLED=0 TOKENIZER_ASSETS=$$tokenizers $(GO) test $(TESTBIN_FLAGS) -vet=off -count=1 -run 'Golden|E2EPromptText' ./tokenizer/... ./kvevents/ && \
-	tools=$$(mktemp) && tp= && trap 'if [ -n "$$tp" ]; then kill $$tp 2>/dev/null || true; fi; rm -f "$$tools"' EXIT && \
-	{ for m in $(NO_RACE_MODULES); do \
+	side=$$(mktemp) && sp= && trap 'if [ -n "$$sp" ]; then kill $$sp 2>/dev/null || true; fi; rm -f "$$side"' EXIT && \
+	{ { CGO_ENABLED=0 TOKENIZER_ASSETS=$$tokenizers $(GO) test $(TESTBIN_FLAGS) -vet=off -count=1 \
+		-run '$(RACE_SKIPPED_RUN)' $(RACE_SKIPPED_PACKAGES) || exit 1; \
+	    for m in $(NO_RACE_MODULES); do \
 		(cd $$m && CGO_ENABLED=0 $(NESTED_TEST) $(TESTBIN_FLAGS) ./...) || exit 1; \
-	  done >"$$tools" 2>&1 & tp=$$!; } && \
+	    done; } >"$$side" 2>&1 & sp=$$!; } && \
 	TOKENIZER_ASSETS=$$tokenizers \
 	KUBEBUILDER_ASSETS=$$assets KUBEBUILDER_CONTROLPLANE_START_TIMEOUT=$(ENVTEST_START_TIMEOUT) \
-		$(GO) test -race $(RACE_FLAGS) -timeout $(TEST_TIMEOUT) ./... && \
+		$(GO) test -race -timeout $(TEST_TIMEOUT) ./... && \
 	for m in $(NESTED_MODULES); do case " $(NO_RACE_MODULES) " in *" $$m "*) continue;; esac; \
-		(cd $$m && $(NESTED_TEST) -race $(RACE_FLAGS) ./...) || exit 1; done && \
-	{ rc=0; wait $$tp || rc=$$?; tp=; cat "$$tools"; exit $$rc; }
+		(cd $$m && $(NESTED_TEST) -race ./...) || exit 1; done && \
+	{ rc=0; wait $$sp || rc=$$?; sp=; cat "$$side"; exit $$rc; }
 
 .PHONY: chaos
 chaos: ## Chaos run (docs/scaleout.md): NATS, 3 servers, 4 fake engines with subscribers as real processes, one SIGKILLed every 5-10 s for CHAOS_DURATION (default 3m; CHAOS_SEED reruns a schedule), then every index checked against the engines' truth. `make test` runs it for 60 s.

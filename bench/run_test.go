@@ -35,6 +35,11 @@ func chatConfig(t *testing.T) Config {
 	t.Helper()
 	c := workload.DefaultChat()
 	c.Sessions = 60
+	if raceEnabled {
+		// Enough for Run's workers to overlap; the full size runs without
+		// -race in `make test` (RACE_SKIPPED_RUN).
+		c.Sessions = 20
+	}
 	reqs, err := c.Generate()
 	if err != nil {
 		t.Fatal(err)
@@ -78,20 +83,28 @@ func TestRunDeterministic(t *testing.T) {
 // TestRunInvariants checks properties every policy must satisfy on each
 // synthetic workload.
 func TestRunInvariants(t *testing.T) {
+	// One goroutine per run: under -race a third of the traffic, the full
+	// size without it in `make test` (RACE_SKIPPED_RUN).
+	scale := func(n int) int {
+		if raceEnabled {
+			return n / 3
+		}
+		return n
+	}
 	gens := map[string]func() ([]workload.Request, error){
 		"chat": func() ([]workload.Request, error) {
 			c := workload.DefaultChat()
-			c.Sessions = 30
+			c.Sessions = scale(30)
 			return c.Generate()
 		},
 		"rag": func() ([]workload.Request, error) {
 			c := workload.DefaultRAG()
-			c.Requests = 300
+			c.Requests = scale(300)
 			return c.Generate()
 		},
 		"shared-prompt": func() ([]workload.Request, error) {
 			c := workload.DefaultSharedPrompt()
-			c.Requests = 300
+			c.Requests = scale(300)
 			return c.Generate()
 		},
 	}

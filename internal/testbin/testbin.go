@@ -5,7 +5,8 @@
 //
 // Every such build uses the flags of the shipped images (Flags, Env: static
 // and path-free, as hack/images builds them), and `make test` compiles
-// ./cmd/... with the same flags once before the tests start. The go
+// ./cmd/... with the same flags once before the tests start (its GOFLAGS,
+// -pgo=off, reach these builds through the environment). The go
 // command caches a compiled package per flag set, so one flag set means
 // each dependency is compiled once for all of them and a test's build is
 // little more than a link; before, plain, -pgo=off and image builds
