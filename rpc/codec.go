@@ -773,17 +773,21 @@ func appendReplicaScore(b []byte, sc *pb.ReplicaScore) []byte {
 }
 
 // internTable maps id bytes to a shared string without allocating when the
-// id was seen recently: a fixed direct-mapped cache of strings, each slot an
-// atomic pointer (a reader loads it, a miss stores a new string; two ids
-// that share a slot only cost allocations). Only valid UTF-8 is interned
-// (proto3 strings must be), and ids longer than maxInterned are copied.
+// id was seen recently: a fixed cache of strings in two-slot sets, each slot
+// an atomic pointer (a reader loads it and compares; a miss stores a new
+// string). A new id goes into its set's first slot and moves the previous
+// first to the second, so two ids that share a set (about one pair in 2,048
+// under a random seed, and then for the life of the process) both stay
+// interned; only three hot ids in one set cost allocations. Only valid UTF-8
+// is interned (proto3 strings must be), and ids longer than maxInterned are
+// copied.
 type internTable struct {
 	seed  maphash.Seed
-	slots [internSlots]atomic.Pointer[string]
+	slots [internSets][2]atomic.Pointer[string]
 }
 
 const (
-	internSlots = 4096
+	internSets  = 2048
 	maxInterned = 256
 )
 
@@ -801,8 +805,12 @@ func (t *internTable) intern(b []byte) (string, bool) {
 		}
 		return string(b), true
 	}
-	slot := &t.slots[maphash.Bytes(t.seed, b)&(internSlots-1)]
-	if p := slot.Load(); p != nil && *p == string(b) {
+	set := &t.slots[maphash.Bytes(t.seed, b)&(internSets-1)]
+	first := set[0].Load()
+	if first != nil && *first == string(b) {
+		return *first, true
+	}
+	if p := set[1].Load(); p != nil && *p == string(b) {
 		return *p, true
 	}
 	if !utf8.Valid(b) {
@@ -811,6 +819,9 @@ func (t *internTable) intern(b []byte) (string, bool) {
 	// A fresh variable: a named result whose address escapes would be moved
 	// to the heap on every call, hits included.
 	s := string(b)
-	slot.Store(&s)
+	// Racing misses may lose a demotion or store twice; a slot only ever
+	// holds some valid id, and every hit is checked by comparison.
+	set[1].Store(first)
+	set[0].Store(&s)
 	return s, true
 }

@@ -3,6 +3,8 @@ package rpc
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
+	"hash/maphash"
 	"math"
 	"testing"
 
@@ -242,4 +244,43 @@ func BenchmarkCodecLookupRequest(b *testing.B) {
 			_ = protoCodec.Unmarshal(data, new(pb.LookupRouteRequest))
 		}
 	})
+}
+
+// TestInternCollisionAllocs pins the intern table's two-slot sets: two ids
+// that hash to one set (under a random seed about one pair in 2,048, for the
+// life of the process) both stay interned, so alternating between them
+// allocates nothing; a third id in the set still decodes to itself.
+func TestInternCollisionAllocs(t *testing.T) {
+	if raceOn {
+		t.Skip("allocation counts are pinned without the race detector")
+	}
+	tab := &internTable{seed: maphash.MakeSeed()}
+	set := func(s string) uint64 { return maphash.String(tab.seed, s) & (internSets - 1) }
+	colliding := []string{"team"}
+	for i := 0; len(colliding) < 3 && i < 1<<22; i++ {
+		if id := fmt.Sprintf("tenant-%d", i); set(id) == set("team") {
+			colliding = append(colliding, id)
+		}
+	}
+	if len(colliding) < 3 {
+		t.Fatal("no colliding ids found")
+	}
+	a, b, c := []byte(colliding[0]), []byte(colliding[1]), []byte(colliding[2])
+	if n := testing.AllocsPerRun(100, func() {
+		if s, _ := tab.intern(a); s != colliding[0] {
+			t.Fatalf("intern(%q) = %q", a, s)
+		}
+		if s, _ := tab.intern(b); s != colliding[1] {
+			t.Fatalf("intern(%q) = %q", b, s)
+		}
+	}); n != 0 {
+		t.Errorf("two ids in one set: %v allocs per pair, want 0", n)
+	}
+	for range 3 {
+		for i, id := range [][]byte{a, b, c} {
+			if s, ok := tab.intern(id); !ok || s != colliding[i] {
+				t.Fatalf("intern(%q) = %q, %v", id, s, ok)
+			}
+		}
+	}
 }
