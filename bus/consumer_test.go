@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -100,7 +99,7 @@ func TestReplayTargetFromFirstSessionThatReadTheStream(t *testing.T) {
 	const n = 200
 	publishN(t, p, bus.Subject("T", "a", "b"), 0, n)
 	ns.Stop()
-	ns.RestartWith(func(o *server.Options) { o.JetStream = false }) // NATS up, JetStream not yet
+	ns.RestartWith(func(o *bustest.Options) { o.JetStream = false }) // NATS up, JetStream not yet
 
 	var rec recorder
 	slow := func(b []bus.Message) {
@@ -115,7 +114,7 @@ func TestReplayTargetFromFirstSessionThatReadTheStream(t *testing.T) {
 	waitFor(t, 10*time.Second, "a failed first session", func() bool { return c.Progress().Sessions >= 1 })
 	time.Sleep(100 * time.Millisecond)
 	ns.Stop()
-	ns.RestartWith(func(o *server.Options) { o.JetStream = true })
+	ns.RestartWith(func(o *bustest.Options) { o.JetStream = true })
 	select {
 	case <-c.CaughtUp():
 	case <-time.After(20 * time.Second):
@@ -187,7 +186,7 @@ func TestNATSLostStoreIsReadFromTheStart(t *testing.T) {
 
 	ns.Stop()
 	fresh := t.TempDir()
-	ns.RestartWith(func(o *server.Options) { o.StoreDir = fresh })
+	ns.RestartWith(func(o *bustest.Options) { o.StoreDir = fresh })
 	// A new producer (its own first publish ensures the stream).
 	p2 := newPublisher(t, connect(t, ns.URL()))
 	publishN(t, p2, subj, 50, 10)
@@ -213,7 +212,7 @@ func TestShutdownWhileStreamMissing(t *testing.T) {
 	waitFor(t, 10*time.Second, "the first messages", func() bool { return rec.len() == 20 })
 	ns.Stop()
 	fresh := t.TempDir()
-	ns.RestartWith(func(o *server.Options) { o.StoreDir = fresh })
+	ns.RestartWith(func(o *bustest.Options) { o.StoreDir = fresh })
 	waitFor(t, 10*time.Second, "the reconnect", func() bool { return c.Progress().Connected })
 	time.Sleep(3500 * time.Millisecond) // the ordered consumer's own retries back off meanwhile
 	if took := stop(); took > 2*time.Second {

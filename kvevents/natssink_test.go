@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/inferencecache/inferencecache/bus"
 	"github.com/inferencecache/inferencecache/bus/bustest"
 	"github.com/inferencecache/inferencecache/kvevents/wire"
@@ -139,7 +137,7 @@ func TestNATSSinkPublishes(t *testing.T) {
 // An update over the NATS maximum payload (long adapter ids) is published
 // in parts, in order, every entry once.
 func TestNATSSinkSplitsLargeUpdates(t *testing.T) {
-	ns := bustest.StartWith(t, func(o *server.Options) { o.MaxPayload = 16 << 10 })
+	ns := bustest.StartWith(t, func(o *bustest.Options) { o.MaxPayload = 16 << 10 })
 	nc, err := bus.Connect(ns.URL(), "t", nil)
 	if err != nil {
 		t.Fatal(err)

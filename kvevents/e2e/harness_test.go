@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/inferencecache/inferencecache/bus/bustest"
 	"github.com/inferencecache/inferencecache/engine/fingerprint"
 	"github.com/inferencecache/inferencecache/internal/testbin"
 	"github.com/inferencecache/inferencecache/kvevents/fakeengine"
@@ -48,7 +49,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
-	code := m.Run()
+	code := bustest.Main(m) // it builds the NATS server nats_test.go starts
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
