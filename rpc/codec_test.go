@@ -175,7 +175,7 @@ func TestCodecFallsBackToProto(t *testing.T) {
 // 32-score response into a pooled buffer allocates only the one-element
 // mem.BufferSlice that carries it to grpc.
 func TestCodecAllocs(t *testing.T) {
-	if raceOn {
+	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items; counts are pinned without it")
 	}
 	chain := make([][]byte, 64)
@@ -251,7 +251,7 @@ func BenchmarkCodecLookupRequest(b *testing.B) {
 // life of the process) both stay interned, so alternating between them
 // allocates nothing; a third id in the set still decodes to itself.
 func TestInternCollisionAllocs(t *testing.T) {
-	if raceOn {
+	if raceEnabled {
 		t.Skip("allocation counts are pinned without the race detector")
 	}
 	tab := &internTable{seed: maphash.MakeSeed()}

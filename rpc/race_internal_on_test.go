@@ -2,6 +2,6 @@
 
 package rpc
 
-// raceOn reports whether the race detector is on (it makes sync.Pool drop
+// raceEnabled reports whether the race detector is on (it makes sync.Pool drop
 // items, so allocation counts are pinned without it).
-const raceOn = true
+const raceEnabled = true

@@ -114,3 +114,47 @@ func makefileVar(t *testing.T, root, name string) string {
 	t.Fatalf("the Makefile defines no %s", name)
 	return ""
 }
+
+// TestNoNATSServerLinkedIntoTests keeps the NATS server out of the test
+// binaries: a test starts it with bus/bustest, as a process built once
+// without -race. Imported by a test, nats-server/v2/server is compiled
+// again with the race detector and linked into that test binary, minutes
+// of the cold budget for code the race detector need not watch.
+func TestNoNATSServerLinkedIntoTests(t *testing.T) {
+	const banned = "github.com/nats-io/nats-server/v2/"
+	root := RepoRoot()
+	fset := token.NewFileSet()
+	files := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); path != root && (strings.HasPrefix(n, ".") || n == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		file, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		files++
+		for _, imp := range file.Imports {
+			if p := strings.Trim(imp.Path.Value, `"`); strings.HasPrefix(p, banned) {
+				rel, _ := filepath.Rel(root, path)
+				t.Errorf("%s imports %s: start NATS with bus/bustest instead", rel, p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files == 0 {
+		t.Fatal("no Go file found: the walk is looking in the wrong place")
+	}
+}
