@@ -45,10 +45,46 @@ func GoCommand() (string, error) {
 	return "", errors.New("cannot find the go command on PATH or under $GOROOT")
 }
 
-// RepoRoot is the repository's root directory.
+// modulePath is the main module's path.
+const modulePath = "github.com/inferencecache/inferencecache"
+
+// RepoRoot is the repository's root directory: from this file's path, or,
+// in a binary built with -trimpath (whose paths are import paths), the
+// nearest directory above the working directory (a test's package
+// directory) whose go.mod declares the main module.
 func RepoRoot() string {
-	_, self, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(self), "..", "..")
+	if _, self, _, ok := runtime.Caller(0); ok && filepath.IsAbs(self) {
+		return filepath.Join(filepath.Dir(self), "..", "..")
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for {
+		if declaresMainModule(filepath.Join(dir, "go.mod")) {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "."
+		}
+		dir = parent
+	}
+}
+
+// declaresMainModule reports whether the go.mod at path is the main
+// module's (a nested module's names a path below it).
+func declaresMainModule(path string) bool {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(data)) {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`) == modulePath
+		}
+	}
+	return false
 }
 
 // Build builds the main packages pkgs (import paths, or paths like

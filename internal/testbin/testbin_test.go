@@ -42,3 +42,15 @@ func TestBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// RepoRoot finds the root from a nested module's directory too, as a
+// binary built with -trimpath (no absolute source paths) must.
+func TestDeclaresMainModule(t *testing.T) {
+	root := RepoRoot()
+	if !declaresMainModule(filepath.Join(root, "go.mod")) {
+		t.Errorf("%s/go.mod does not declare %s", root, modulePath)
+	}
+	if declaresMainModule(filepath.Join(root, "hack", "images", "go.mod")) {
+		t.Error("a nested module's go.mod counts as the main module's")
+	}
+}
