@@ -41,27 +41,11 @@ func TestRaceSkippedRunsInFull(t *testing.T) {
 	}
 	fset := token.NewFileSet()
 	found := 0
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != root {
-				if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
-					return filepath.SkipDir // a nested module: tested without -race
-				}
-				if n := d.Name(); strings.HasPrefix(n, ".") || n == "testdata" {
-					return filepath.SkipDir
-				}
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
+	// Nested modules are tested without -race.
+	for _, path := range goFiles(t, root, false, "_test.go") {
 		file, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		for _, decl := range file.Decls {
 			fd, ok := decl.(*ast.FuncDecl)
@@ -77,10 +61,6 @@ func TestRaceSkippedRunsInFull(t *testing.T) {
 				t.Errorf("%s: %s consults raceEnabled but its package is not in the Makefile's RACE_SKIPPED_PACKAGES", rel, fd.Name.Name)
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	if found == 0 {
 		t.Fatal("no test consults raceEnabled: the walk is looking in the wrong place")
@@ -124,29 +104,48 @@ func TestNoNATSServerLinkedIntoTests(t *testing.T) {
 	const banned = "github.com/nats-io/nats-server/v2/"
 	root := RepoRoot()
 	fset := token.NewFileSet()
-	files := 0
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if n := d.Name(); path != root && (strings.HasPrefix(n, ".") || n == "testdata") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") {
-			return nil
-		}
+	files := goFiles(t, root, true, ".go")
+	if len(files) == 0 {
+		t.Fatal("no Go file found: the walk is looking in the wrong place")
+	}
+	for _, path := range files {
 		file, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		files++
 		for _, imp := range file.Imports {
 			if p := strings.Trim(imp.Path.Value, `"`); strings.HasPrefix(p, banned) {
 				rel, _ := filepath.Rel(root, path)
 				t.Errorf("%s imports %s: start NATS with bus/bustest instead", rel, p)
+			}
+		}
+	}
+}
+
+// goFiles lists the files under root whose names end in suffix, skipping
+// hidden directories and testdata, and nested modules unless withNested.
+func goFiles(t *testing.T, root string, withNested bool, suffix string) []string {
+	t.Helper()
+	var paths []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			if strings.HasSuffix(path, suffix) {
+				paths = append(paths, path)
+			}
+			return nil
+		}
+		if path == root {
+			return nil
+		}
+		if n := d.Name(); strings.HasPrefix(n, ".") || n == "testdata" {
+			return filepath.SkipDir
+		}
+		if !withNested {
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+				return filepath.SkipDir
 			}
 		}
 		return nil
@@ -154,7 +153,5 @@ func TestNoNATSServerLinkedIntoTests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if files == 0 {
-		t.Fatal("no Go file found: the walk is looking in the wrong place")
-	}
+	return paths
 }
