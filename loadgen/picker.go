@@ -355,6 +355,13 @@ type pickerRun struct {
 	cache   pb.InferenceCacheClient
 	work    *pickerWorkload
 	measure atomic.Bool // inside the window
+	// opening holds workers from the end of the warm-up until the window
+	// opens (closing open), and inflight counts the requests running, so
+	// no warm-up request is still running, to be counted by the server's
+	// metrics, when the window's first scrape reads them.
+	opening  atomic.Bool
+	open     chan struct{}
+	inflight atomic.Int64
 	// remaining and finished count the window's requests in Requests
 	// mode; windowDone is closed when the last one finished.
 	remaining, finished atomic.Int64
@@ -395,7 +402,7 @@ func RunPicker(ctx context.Context, cfg PickerConfig) (*PickerReport, error) {
 		defer cc.Close()
 		conn = cc
 	}
-	r := &pickerRun{cfg: &cfg, ext: extprocv3.NewExternalProcessorClient(conn), imm: map[string]int64{}, windowDone: make(chan struct{})}
+	r := &pickerRun{cfg: &cfg, ext: extprocv3.NewExternalProcessorClient(conn), imm: map[string]int64{}, windowDone: make(chan struct{}), open: make(chan struct{})}
 	r.remaining.Store(int64(cfg.Requests))
 	if cfg.CacheConn != nil {
 		r.cache = pb.NewInferenceCacheClient(cfg.CacheConn)
@@ -446,16 +453,20 @@ func RunPicker(ctx context.Context, cfg PickerConfig) (*PickerReport, error) {
 		wg.Wait()
 		return nil, ctx.Err()
 	}
+	r.opening.Store(true)
 	var before map[string]int64
-	if scrape != nil {
-		var err error
-		if before, err = scrape(ctx); err != nil {
-			cancel()
-			wg.Wait()
-			return nil, err
-		}
+	err := r.drain(ctx)
+	if err == nil && scrape != nil {
+		before, err = scrape(ctx)
+	}
+	if err != nil {
+		cancel()
+		wg.Wait()
+		return nil, err
 	}
 	r.measure.Store(true)
+	r.opening.Store(false)
+	close(r.open)
 	cpu0, t0 := processCPU(), time.Now()
 	var done bool
 	if cfg.Requests > 0 {
@@ -551,8 +562,16 @@ func (r *pickerRun) worker(ctx context.Context, tokens <-chan time.Time) {
 	x := &pickerExchange{r: r}
 	x.init()
 	for due := range tokens {
+		waited, ok := r.enter(ctx)
+		if !ok {
+			return
+		}
+		if waited {
+			due = time.Time{} // the hold was the harness's, not the picker's latency
+		}
 		measured, stop := r.ticket()
 		if stop {
+			r.inflight.Add(-1)
 			return
 		}
 		conv, turn := r.work.next()
@@ -562,6 +581,7 @@ func (r *pickerRun) worker(ctx context.Context, tokens <-chan time.Time) {
 			start = due
 		}
 		d, imm, err := x.do(ctx, conv, turn)
+		r.inflight.Add(-1)
 		if ctx.Err() != nil {
 			return
 		}
@@ -586,6 +606,36 @@ func (r *pickerRun) worker(ctx context.Context, tokens <-chan time.Time) {
 			close(r.windowDone)
 		}
 	}
+}
+
+// enter counts a request about to start in inflight, first holding it
+// while the window opens; waited says it was held, ok false that ctx ended.
+func (r *pickerRun) enter(ctx context.Context) (waited, ok bool) {
+	for {
+		// Counted before the check: drain, having set opening, then sees
+		// every request that did not see it.
+		r.inflight.Add(1)
+		if !r.opening.Load() {
+			return waited, true
+		}
+		r.inflight.Add(-1)
+		select {
+		case <-r.open:
+			waited = true
+		case <-ctx.Done():
+			return waited, false
+		}
+	}
+}
+
+// drain waits until the requests started before opening was set finished.
+func (r *pickerRun) drain(ctx context.Context) error {
+	for r.inflight.Load() > 0 {
+		if !sleepCtx(ctx, time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // ticket says whether the request about to start is measured, or, in
