@@ -365,10 +365,14 @@ func TestSubscriberEngineRestartResets(t *testing.T) {
 	if _, err := pub2.Publish(b); err != nil {
 		t.Fatal(err)
 	}
+	// The restart is counted before the replica is cleared and the new
+	// batch applied, so wait for the applied state itself: the new process's
+	// first batch (seq 0) applied into an emptied index.
 	ctx := testCtx(t, 10*time.Second)
-	for counter(t, f.sub.metrics.restarts) == 0 {
+	for counter(t, f.sub.metrics.restarts) == 0 || f.sub.NextSeq() != 1 || f.sub.Index().Len() != 1 {
 		if !sleepCtx(ctx, 2*time.Millisecond) {
-			t.Fatal("restart not detected")
+			t.Fatalf("restart not applied: restarts %v next seq %d index %d",
+				counter(t, f.sub.metrics.restarts), f.sub.NextSeq(), f.sub.Index().Len())
 		}
 	}
 	if err := f.sub.Forwarder().Flush(ctx); err != nil {
