@@ -44,7 +44,7 @@ import (
 
 // Load-aware routing defaults (docs/routing.md).
 const (
-	DefaultLoadBound         = 1.25
+	DefaultLoadBound         = 1.5
 	DefaultLoadMinQueue      = 4
 	DefaultLoadPrefillWeight = 16.0
 	DefaultLoadMinMatch      = 0.5

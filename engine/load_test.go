@@ -164,7 +164,7 @@ func TestLoadCostRanking(t *testing.T) {
 		decision: LoadExplore,
 		first:    "c",
 	}, {
-		// b's 40 in flight exceed max(1.25 × mean + 2√mean, 4): overloaded
+		// b's 40 in flight exceed max(1.5 × mean + 2√mean, 4): overloaded
 		// even with no queued tokens, so a takes the lead.
 		name:      "an overloaded pick yields",
 		reps:      []rep{{"a", 6, 0, 1, 0}, {"b", 8, 0, 40, 0}, {"c", 0, 0, 1, 0}},
@@ -293,7 +293,7 @@ func TestBoundedLoadAffinity(t *testing.T) {
 	for _, n := range names {
 		x.load(n, now, 0, 3, 0)
 	}
-	x.load("r3", now, 0, 30, 0) // overloaded: 30 > max(1.25 × 6.4 + 2√6.4, 4)
+	x.load("r3", now, 0, 30, 0) // overloaded: 30 > max(1.5 × 6.4 + 2√6.4, 4) = 14.7
 	moved := 0
 	for i := 0; i < 2000; i++ {
 		req := chainReq(uint64(50_000 + i)) // a miss: the affinity branch
@@ -720,7 +720,7 @@ func TestRequestStartedFinished(t *testing.T) {
 		t.Fatalf("setup: decision %v first %q, want the contract's a", d, first)
 	}
 	// 20 requests the picker sent to a: 24 in flight exceeds
-	// max(1.25 × 10.7 + 2√10.7, 4) = 19.9, so a yields to b.
+	// max(1.5 × 10.7 + 2√10.7, 4) = 22.5, so a yields to b.
 	for range 20 {
 		x.e.RequestStarted("team", "m", "a", now)
 	}

@@ -40,6 +40,9 @@ func run(args []string, stdout io.Writer) error {
 	if len(args) > 0 && args[0] == "pd" {
 		return runPD(args[1:], stdout) // the P/D mode (pd.go)
 	}
+	if len(args) > 0 && args[0] == "targets" {
+		return runTargets(args[1:], stdout) // the routing targets over seeds (targets.go)
+	}
 	def := bench.DefaultConfig("", nil)
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var (
@@ -64,15 +67,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.DurationVar(&cfg.Cost.DecodePerToken, "decode-per-token", def.Cost.DecodePerToken, "decode time per output token")
 	fs.DurationVar(&cfg.Window, "window", def.Window, "load-imbalance window")
 	fs.IntVar(&cfg.Parallelism, "parallel", 0, "simulations at once (0 = GOMAXPROCS); results do not depend on it")
-	load := engine.DefaultLoadConfig()
-	fs.Float64Var(&load.Bound, "load-bound", load.Bound, "inferencecache rows: the server's --load-bound")
-	fs.IntVar(&load.MinQueue, "load-min-queue", load.MinQueue, "inferencecache rows: the server's --load-min-queue")
-	fs.Float64Var(&load.PrefillWeight, "load-prefill-weight", load.PrefillWeight, "inferencecache rows: the server's --load-prefill-weight")
-	fs.Float64Var(&load.MinMatch, "load-min-match", load.MinMatch, "inferencecache rows: the server's --load-min-match")
-	fs.Float64Var(&load.ExpectedCredit, "load-expected-credit", engine.DefaultExpectedCredit, "inferencecache rows: what an expected (routed, not yet stored) token counts for, 0..1")
-	fs.DurationVar(&load.ExpectedTTL, "load-expected-ttl", engine.DefaultExpectedTTL, "inferencecache rows: the least lifetime of a routing-time entry")
-	fs.Int64Var(&load.ExpectedBytes, "load-expected-bytes", load.ExpectedBytes, "inferencecache rows: memory of the routing-time entries (negative = none)")
-	fs.Float64Var(&load.EvictionShare, "load-eviction-share", load.EvictionShare, "inferencecache rows: share of the prefill weight that prices evicting other prefixes, scaled by cache occupancy")
+	load := addLoadFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -81,8 +76,8 @@ func run(args []string, stdout io.Writer) error {
 	if cfg.Model, err = bench.ParseSimModel(*model); err != nil {
 		return err
 	}
-	if load != engine.DefaultLoadConfig() {
-		cfg.Policies = bench.DefaultPoliciesWith(load)
+	if *load != engine.DefaultLoadConfig() {
+		cfg.Policies = bench.DefaultPoliciesWith(*load)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -140,4 +135,19 @@ func run(args []string, stdout io.Writer) error {
 		}
 	}
 	return rep.WriteMarkdown(stdout, "")
+}
+
+// addLoadFlags registers the -load-* flags of this project's rows on fs and
+// returns the configuration they fill (the server's defaults unless set).
+func addLoadFlags(fs *flag.FlagSet) *engine.LoadConfig {
+	load := engine.DefaultLoadConfig()
+	fs.Float64Var(&load.Bound, "load-bound", load.Bound, "inferencecache rows: the server's --load-bound")
+	fs.IntVar(&load.MinQueue, "load-min-queue", load.MinQueue, "inferencecache rows: the server's --load-min-queue")
+	fs.Float64Var(&load.PrefillWeight, "load-prefill-weight", load.PrefillWeight, "inferencecache rows: the server's --load-prefill-weight")
+	fs.Float64Var(&load.MinMatch, "load-min-match", load.MinMatch, "inferencecache rows: the server's --load-min-match")
+	fs.Float64Var(&load.ExpectedCredit, "load-expected-credit", engine.DefaultExpectedCredit, "inferencecache rows: what an expected (routed, not yet stored) token counts for, 0..1")
+	fs.DurationVar(&load.ExpectedTTL, "load-expected-ttl", engine.DefaultExpectedTTL, "inferencecache rows: the least lifetime of a routing-time entry")
+	fs.Int64Var(&load.ExpectedBytes, "load-expected-bytes", load.ExpectedBytes, "inferencecache rows: memory of the routing-time entries (negative = none)")
+	fs.Float64Var(&load.EvictionShare, "load-eviction-share", load.EvictionShare, "inferencecache rows: share of the prefill weight that prices evicting other prefixes, scaled by cache occupancy")
+	return &load
 }

@@ -49,3 +49,29 @@ func TestRunTraceAndErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestRunTargets(t *testing.T) {
+	trace := filepath.Join("..", "..", "bench", "workload", "testdata", "sample_trace.jsonl")
+	var out bytes.Buffer
+	if err := run([]string{"targets", "-trace", trace, "-speedups", "1,2", "-workloads", "", "-seeds", "1-2", "-v"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"seed 2 conversation-x2 ", "cells met per seed [", "of 12; mean", "conversation "} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("no %q in:\n%s", want, out.String())
+		}
+	}
+	for _, args := range [][]string{
+		{"targets", "-workloads", ""},                                     // nothing to run
+		{"targets", "-workloads", "chat", "-seeds", "3-1"},                // bad range
+		{"targets", "-workloads", "chat", "-seeds", "x"},                  // bad seed
+		{"targets", "-trace", trace, "-speedups", "0"},                    // bad speedup
+		{"targets", "-workloads", "nope"},                                 // unknown workload
+		{"targets", "-workloads", "chat", "-limit", "50", "-row", "nope"}, // unknown row
+		{"targets", "-workloads", "chat", "extra"},                        // stray argument
+	} {
+		if err := run(args, &out); err == nil {
+			t.Fatalf("run(%q) succeeded", args)
+		}
+	}
+}
