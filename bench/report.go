@@ -79,22 +79,7 @@ func isBaseline(name string) bool { return !strings.HasPrefix(name, EnginePolicy
 // best may come from another baseline): the comparison the routing
 // targets are stated in.
 func (s *SizeReport) writeVersusBest(p func(string, ...any)) {
-	var bestHit, bestP50, bestP99 *Result
-	for i := range s.Results {
-		r := &s.Results[i]
-		if !isBaseline(r.Policy) {
-			continue
-		}
-		if bestHit == nil || r.BlockHitRatio() > bestHit.BlockHitRatio() {
-			bestHit = r
-		}
-		if bestP50 == nil || r.TTFTP50 < bestP50.TTFTP50 {
-			bestP50 = r
-		}
-		if bestP99 == nil || r.TTFTP99 < bestP99.TTFTP99 {
-			bestP99 = r
-		}
-	}
+	bestHit, bestP50, bestP99 := s.bestBaselines()
 	if bestHit == nil {
 		return
 	}
@@ -109,6 +94,27 @@ func (s *SizeReport) writeVersusBest(p func(string, ...any)) {
 			ratioOf(ours.TTFTP50, bestP50.TTFTP50), bestP50.Policy, ratioOf(ours.TTFTP99, bestP99.TTFTP99), bestP99.Policy,
 			ours.ImbalanceMean)
 	}
+}
+
+// bestBaselines returns the baselines with the most block hits and the
+// least TTFT p50 and p99 (the first of equals); nil when there is none.
+func (s *SizeReport) bestBaselines() (hit, p50, p99 *Result) {
+	for i := range s.Results {
+		r := &s.Results[i]
+		if !isBaseline(r.Policy) {
+			continue
+		}
+		if hit == nil || r.BlockHitRatio() > hit.BlockHitRatio() {
+			hit = r
+		}
+		if p50 == nil || r.TTFTP50 < p50.TTFTP50 {
+			p50 = r
+		}
+		if p99 == nil || r.TTFTP99 < p99.TTFTP99 {
+			p99 = r
+		}
+	}
+	return hit, p50, p99
 }
 
 func ratioOf(a, b time.Duration) float64 {

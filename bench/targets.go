@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 )
 
 // The routing targets (issue routing3, bench/results/README.md): at one
@@ -44,24 +43,17 @@ func (c *Cells) N() int {
 // has no such row or no baseline to compare with.
 func (s *SizeReport) Targets(policy string) (c Cells, ok bool) {
 	var ours *Result
-	bestBound, bestP50, bestP99 := -1.0, math.Inf(1), math.Inf(1)
 	for i := range s.Results {
-		r := &s.Results[i]
-		if r.Policy == policy {
-			ours = r
+		if s.Results[i].Policy == policy {
+			ours = &s.Results[i]
 		}
-		if !isBaseline(r.Policy) {
-			continue
-		}
-		bestBound = max(bestBound, s.FractionOfPooled(r))
-		bestP50 = min(bestP50, r.TTFTP50.Seconds())
-		bestP99 = min(bestP99, r.TTFTP99.Seconds())
 	}
-	if ours == nil || bestBound < 0 || !(bestP50 > 0) || !(bestP99 > 0) {
+	hit, p50, p99 := s.bestBaselines()
+	if ours == nil || hit == nil || p50.TTFTP50 <= 0 || p99.TTFTP99 <= 0 {
 		return Cells{}, false
 	}
-	c = Cells{CacheBlocks: s.CacheBlocks, Bound: s.FractionOfPooled(ours), BestBound: bestBound,
-		P50: ours.TTFTP50.Seconds() / bestP50, P99: ours.TTFTP99.Seconds() / bestP99}
+	c = Cells{CacheBlocks: s.CacheBlocks, Bound: s.FractionOfPooled(ours), BestBound: s.FractionOfPooled(hit),
+		P50: ratioOf(ours.TTFTP50, p50.TTFTP50), P99: ratioOf(ours.TTFTP99, p99.TTFTP99)}
 	// The comparison is in the printed precision (hundredths of a point,
 	// thousandths of a ratio), so a cell reads the same as its table.
 	c.Met = [3]bool{
@@ -168,15 +160,16 @@ func (s *TargetSummary) MeanCells() float64 {
 // WriteText prints the summary: cells per seed, then how many seeds met
 // each cell.
 func (s *TargetSummary) WriteText(w io.Writer) error {
-	seeds := slices.Clone(s.PerSeed)
-	if _, err := fmt.Fprintf(w, "cells met per seed %v of %d; mean %.1f\n", seeds, s.Total, s.MeanCells()); err != nil {
+	if _, err := fmt.Fprintf(w, "cells met per seed %v of %d; mean %.1f\n", s.PerSeed, s.Total, s.MeanCells()); err != nil {
 		return err
 	}
 	if _, err := fmt.Fprintf(w, "TTFT vs the best baseline: p50 geomean %.3fx (worst %.2fx), p99 geomean %.3fx (worst %.2fx); hits %+.2f points of the bound on average\n",
 		s.GeoP50, s.MaxP50, s.GeoP99, s.MaxP99, s.MeanGap); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "seeds meeting each cell (of %d): hits / p50 / p99\n", len(s.Seeds))
+	if _, err := fmt.Fprintf(w, "seeds meeting each cell (of %d): hits / p50 / p99\n", len(s.Seeds)); err != nil {
+		return err
+	}
 	for i, name := range s.Names {
 		for j, size := range s.Sizes {
 			m := s.MetCount[i][j]

@@ -7,8 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/inferencecache/inferencecache/bench"
 	"github.com/inferencecache/inferencecache/bench/workload"
@@ -55,10 +53,7 @@ func runPD(args []string, stdout io.Writer) error {
 		}
 		wls = append(wls, bench.PDWorkload{Name: "trace " + filepath.Base(*trace), Requests: reqs})
 	}
-	for _, k := range strings.Split(*synth, ",") {
-		if k = strings.TrimSpace(k); k == "" {
-			continue
-		}
+	for _, k := range splitList(*synth) {
 		n, reqs, err := bench.Synthetic(k, *seed)
 		if err != nil {
 			return err
@@ -73,17 +68,12 @@ func runPD(args []string, stdout io.Writer) error {
 			return fmt.Errorf("-speedup must be positive, got %v", *speedup)
 		}
 		for i := range wls {
-			for j := range wls[i].Requests {
-				wls[i].Requests[j].Arrival = time.Duration(float64(wls[i].Requests[j].Arrival) / *speedup)
-			}
+			bench.SpeedUp(wls[i].Requests, *speedup)
 			wls[i].Name += fmt.Sprintf(" (arrivals %g× faster)", *speedup)
 		}
 	}
 	var sweep []int32
-	for _, f := range strings.Split(*thresholds, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
+	for _, f := range splitList(*thresholds) {
 		t, err := strconv.ParseInt(f, 10, 32)
 		if err != nil || t < 0 {
 			return fmt.Errorf("cannot parse -sweep %q: want comma-separated token counts", *thresholds)
