@@ -19,11 +19,14 @@
 package bench
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -248,6 +251,27 @@ func Synthetic(kind string, seed uint64) (name string, reqs []workload.Request, 
 		return "", nil, fmt.Errorf("%w: unknown synthetic workload %q", ErrConfig, kind)
 	}
 	return name, reqs, err
+}
+
+// Jitter moves every arrival of reqs by a uniform draw in [−d, d] (never
+// before 0), drawn from seed, then re-sorts them by arrival (stably) and
+// renumbers their IDs, in place. One replay of a trace is one draw of a
+// chaotic system: a few milliseconds of jitter keep the trace's load and
+// reuse and give other draws of the same workload to judge a change on.
+// d <= 0 leaves reqs as they are.
+func Jitter(reqs []workload.Request, d time.Duration, seed uint64) {
+	if d <= 0 {
+		return
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x6a6974746572))
+	span := 2*int64(d) + 1
+	for i := range reqs {
+		reqs[i].Arrival = max(reqs[i].Arrival+time.Duration(rng.Int64N(span)-int64(d)), 0)
+	}
+	slices.SortStableFunc(reqs, func(a, b workload.Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
+	for i := range reqs {
+		reqs[i].ID = i
+	}
 }
 
 // SpeedUp divides every arrival time of reqs by f (> 1 compresses the

@@ -438,8 +438,8 @@ type loadEntry struct {
 	// alpha is the weight of one uncached token there (PrefillWeight,
 	// less the eviction share its cache's room saves).
 	alpha float64
-	// cached is the request's expected cached tokens there (matched ×
-	// freshness; 0 when the replica holds none of its prefix), set by
+	// cached is the request's expected cached tokens there (matched, not
+	// weighed by freshness; 0 when the replica holds none of its prefix), set by
 	// AdviseByLoad for the explore walk, tier credits and expected tokens
 	// included.
 	cached float64
@@ -470,6 +470,14 @@ type loadView struct {
 // each replica caches).
 func (v *loadView) exploreCost(en *loadEntry) float64 {
 	return en.queue + en.alpha*max(v.tokens-en.cached, 0)
+}
+
+// inflightOf is replica rid's requests in flight, 0 when it has no entry.
+func (v *loadView) inflightOf(rid uint16) float64 {
+	if en := v.entry(rid); en != nil {
+		return en.inflight
+	}
+	return 0
 }
 
 func (v *loadView) entry(rid uint16) *loadEntry {
@@ -596,7 +604,8 @@ func PickOfScore(s *Score) ContractPick { return ContractPick{Has: true, rid: s.
 // replica; tokens are the request's prompt tokens. It keeps the contract's
 // answer unless load-awareness is active and the pick is overloaded, or
 // another option has both a shorter queue and a lower cost (queue +
-// PrefillWeight × uncached tokens). A replica the request's chain is
+// PrefillWeight × uncached tokens), or one as cheap with no longer a queue
+// has at least one request fewer in flight. A replica the request's chain is
 // expected on (routing-time entries, expect.go) counts its expected tokens
 // at ExpectedCredit, and stands in for the pick when it expects more of
 // the prompt than the pick holds. It allocates nothing.
@@ -618,7 +627,12 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	for i := range res.Scores {
 		s := &res.Scores[i]
 		if en := lv.entry(s.rid); en != nil {
-			en.cached = float64(s.MatchedTokens) * float64(s.Prob) * tierCredit(s.Tier)
+			// Not × freshness (s.Prob): engines report no event when a
+			// block hits, so the hottest prefix ages like a cold one, and
+			// between replicas that all hold it, age would outweigh their
+			// loads. An entry still indexed is held until its eviction
+			// event or TTL.
+			en.cached = float64(s.MatchedTokens) * tierCredit(s.Tier)
 		}
 		maxRun = max(maxRun, int(s.run))
 	}
@@ -645,7 +659,8 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	// The options: every holder that is not overloaded, the expected
 	// replica, and computing the prompt cold on the least-loaded replica.
 	// The pick stands unless it is overloaded or some option, not only the
-	// cheapest, is both cheaper and has a shorter queue.
+	// cheapest, is both cheaper and has a shorter queue, or as cheap, with
+	// no longer a queue and fewer requests in flight.
 	// Computing cold: the cheapest replica that is not overloaded.
 	exploreCost := math.Inf(1)
 	for i := range lv.entries {
@@ -667,7 +682,12 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 		if c < pickCost && en.queue < vp.queue {
 			yield = true
 		}
-		if best == nil || c < bestCost {
+		// As cheap, no longer a queue, and at least one request fewer in
+		// flight: the same prefill runs beside fewer decodes.
+		if c <= pickCost && en.queue <= vp.queue && en.inflight+1 <= vp.inflight {
+			yield = true
+		}
+		if best == nil || c < bestCost || (c == bestCost && en.inflight < best.inflight) {
 			best, bestCost = en, c
 		}
 	}
@@ -690,7 +710,7 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	if best == nil || bestCost >= exploreCost || !best.holder(res) {
 		return LoadExplore
 	}
-	e.rerankByLoad(res, t, exploreCost)
+	e.rerankByLoad(res, t, exploreCost, vp.rid)
 	return LoadRerank
 }
 
@@ -758,12 +778,19 @@ func (e *Engine) ExpectedPick(res *LookupResult) (string, ContractPick, bool) {
 // (exploreCost − cost), clamped at 0; overloaded replicas score 0. Unlike
 // the decision, the advantage counts every expected cached token, MinMatch
 // or not: a short match does not justify a longer queue, but among
-// replicas about as loaded it still saves prefill. Ties keep the
-// contract's replica-id order, so scores stay monotone in the returned
-// order.
-func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
+// replicas about as loaded it still saves prefill. Ties go to fewer
+// requests in flight, then in name order from the pick (from, the
+// replica the decision defended) on, so equal options spread the way the
+// contract's pins do rather than all going to the first name; scores stay
+// monotone in the returned order.
+func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64, from uint16) {
 	lv := &res.lv
 	rt := res.d.table()
+	n, start := len(rt.rank), int(rt.rank[from])
+	// ring is a replica's distance from the pick in name order: ties on
+	// score and load spread the way the contract's pins do, instead of
+	// all going to the first name.
+	ring := func(rid uint16) int { return (int(rt.rank[rid]) - start + n) % n }
 	keys := res.keys[:0]
 	for i := range res.Scores {
 		s := &res.Scores[i]
@@ -772,7 +799,7 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
 			adv = exploreCost - (en.queue + en.alpha*max(tokens-en.cached, 0))
 		}
 		s.Score = float32(max(adv, 0))
-		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(rt.rank[s.rid])<<16|uint64(i))
+		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(ring(s.rid))<<16|uint64(i))
 	}
 	slices.Sort(keys)
 	res.keys = keys
@@ -782,6 +809,17 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64) {
 	}
 	res.sorted = sorted
 	copy(res.Scores, sorted)
+	// Within a run of equal scores (already in ring order), fewer requests
+	// in flight first: a stable insertion sort, as such runs are short.
+	for i := 1; i < len(res.Scores); i++ {
+		x := res.Scores[i]
+		nx := lv.inflightOf(x.rid)
+		j := i
+		for ; j > 0 && res.Scores[j-1].Score == x.Score && lv.inflightOf(res.Scores[j-1].rid) > nx; j-- {
+			res.Scores[j] = res.Scores[j-1]
+		}
+		res.Scores[j] = x
+	}
 }
 
 // AffinityMode selects how AffinityPick chooses on the affinity ring.
@@ -794,7 +832,8 @@ const (
 	// replica that is not overloaded and has the least explore cost (queue
 	// + PrefillWeight × the prompt tokens it would compute, every expected
 	// cached token counted; Preble's explore step), using the loads
-	// AdviseByLoad evaluated into res. Ties keep ring order, so with equal
+	// AdviseByLoad evaluated into res. Ties go to fewer requests in flight,
+	// then keep ring order, so with equal
 	// loads and nothing cached the pick is the contract's, and an
 	// overloaded replica's keys move to the next replica in ring order.
 	AffinityExplore
@@ -829,16 +868,22 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 	start := int(binary.BigEndian.Uint64(sum[:8]) % uint64(n))
 	if mode == AffinityExplore && res != nil && res.lv.active && res.d == d {
 		lv := &res.lv
-		least := math.Inf(1)
+		least, leastN := math.Inf(1), math.Inf(1)
 		for i := range lv.entries {
-			if en := &lv.entries[i]; !en.overloaded {
-				least = min(least, lv.exploreCost(en))
+			en := &lv.entries[i]
+			if en.overloaded {
+				continue
+			}
+			if c := lv.exploreCost(en); c < least {
+				least, leastN = c, en.inflight
+			} else if c == least {
+				leastN = min(leastN, en.inflight)
 			}
 		}
 		for k := range n {
 			i := (start + k) % n
 			en := lv.entry(ss.byName[i])
-			if en == nil || (!en.overloaded && lv.exploreCost(en) <= least) {
+			if en == nil || (!en.overloaded && lv.exploreCost(en) <= least && en.inflight <= leastN) {
 				return ss.names[i], ContractPick{Has: true, rid: ss.byName[i]}, true
 			}
 		}

@@ -962,3 +962,56 @@ func TestLoadEvictionShare(t *testing.T) {
 		t.Fatalf("occupancy %d after a dip from 100 to 60 keys, want the high-water mark (~99.5)", got)
 	}
 }
+
+// TestLoadTieGoesToFewerInFlight: replicas that hold the same prefix and
+// queue the same prefill are as cheap as each other whatever the age of
+// their entries (freshness is the contract's confidence, not prefill it
+// saves), so the one with fewer requests in flight takes the request: its
+// prefill runs beside fewer decodes. Among equally light ones the ring
+// order from the contract's pick decides, so ties spread the way pins do.
+// Equal loads keep the contract's answer.
+func TestLoadTieGoesToFewerInFlight(t *testing.T) {
+	blocks := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	cases := []struct {
+		name     string
+		running  [3]int32 // a, b, c
+		queued   [3]int64
+		decision LoadDecision
+		first    string
+	}{
+		// b stored the prefix last (the contract's pick); a and c are as
+		// light, and c comes first after b in name order.
+		{"the lighter holders take it, next in ring order", [3]int32{2, 6, 2}, [3]int64{0, 0, 0}, LoadRerank, "c"},
+		// a's entries are 20 minutes old (freshness 1/3): still as cheap.
+		{"an older entry is as cheap", [3]int32{2, 6, 6}, [3]int64{0, 0, 0}, LoadRerank, "a"},
+		{"one request fewer is enough", [3]int32{5, 6, 6}, [3]int64{0, 0, 0}, LoadRerank, "a"},
+		{"equal loads keep the contract", [3]int32{4, 4, 4}, [3]int64{0, 0, 0}, LoadKeep, "b"},
+		{"a longer queue is not lighter", [3]int32{2, 6, 2}, [3]int64{300, 0, 300}, LoadKeep, "b"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			x := newLoadTix(t, uniformLoadConfig())
+			now := tT
+			x.chain("a", now-20*min1, 0, blocks...)
+			x.chain("c", now-5*min1, 0, blocks...)
+			x.chain("b", now, 0, blocks...)
+			x.chain("d", now, 0, 999) // serves the scheme, holds none of the prompt
+			for i, name := range []string{"a", "b", "c"} {
+				x.load(name, now, 0, tc.running[i], tc.queued[i])
+			}
+			x.load("d", now, 0, 4, 0)
+			res, d, first := x.advise(chainReq(blocks...), now)
+			if d != tc.decision || first != tc.first {
+				t.Fatalf("decision %v first %q, want %v %q (scores %+v)", d, first, tc.decision, tc.first, res.Scores)
+			}
+			if d == LoadKeep && (res.Scores[0].ReplicaID != "b" || res.Scores[0].Prob != 1) {
+				t.Fatalf("kept answer changed: %+v", res.Scores)
+			}
+			for i := 1; i < len(res.Scores); i++ {
+				if res.Scores[i].Score > res.Scores[i-1].Score {
+					t.Fatalf("scores not monotone: %+v", res.Scores)
+				}
+			}
+		})
+	}
+}

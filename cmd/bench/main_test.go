@@ -69,6 +69,7 @@ func TestRunTargets(t *testing.T) {
 		{"targets", "-workloads", "nope"},                                 // unknown workload
 		{"targets", "-workloads", "chat", "-limit", "50", "-row", "nope"}, // unknown row
 		{"targets", "-workloads", "chat", "extra"},                        // stray argument
+		{"targets", "-trace", trace, "-trace-jitter", "-1ms"},             // negative jitter
 	} {
 		if err := run(args, &out); err == nil {
 			t.Fatalf("run(%q) succeeded", args)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/inferencecache/inferencecache/bench"
 	"github.com/inferencecache/inferencecache/bench/workload"
@@ -30,6 +31,7 @@ func runTargets(args []string, stdout io.Writer) error {
 		verbose   = fs.Bool("v", false, "print every workload's cells, per seed")
 		parallel  = fs.Int("parallel", 0, "simulations at once (0 = GOMAXPROCS); results do not depend on it")
 		limit     = fs.Int("limit", 0, "use at most this many requests of each workload (0 = all)")
+		jitter    = fs.Duration("trace-jitter", 10*time.Millisecond, "seeds other than 1 move each trace arrival by a uniform draw in ±this (seed 1 replays the trace as recorded; 0: every seed does)")
 	)
 	load := addLoadFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -37,6 +39,9 @@ func runTargets(args []string, stdout io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *jitter < 0 {
+		return fmt.Errorf("-trace-jitter %v is negative", *jitter)
 	}
 	seedList, err := parseSeeds(*seeds)
 	if err != nil {
@@ -61,8 +66,11 @@ func runTargets(args []string, stdout io.Writer) error {
 			if sp != 1 {
 				name += "-x" + f
 			}
-			streams = append(streams, stream{name, func(uint64) ([]workload.Request, error) {
+			streams = append(streams, stream{name, func(seed uint64) ([]workload.Request, error) {
 				reqs := slices.Clone(base)
+				if seed != 1 {
+					bench.Jitter(reqs, *jitter, seed)
+				}
 				bench.SpeedUp(reqs, sp)
 				return reqs, nil
 			}})
