@@ -439,9 +439,9 @@ type loadEntry struct {
 	// less the eviction share its cache's room saves).
 	alpha float64
 	// cached is the request's expected cached tokens there (matched, not
-	// weighed by freshness; 0 when the replica holds none of its prefix), set by
-	// AdviseByLoad for the explore walk, tier credits and expected tokens
-	// included.
+	// weighed by freshness; 0 when the replica holds none of its prefix),
+	// set by AdviseByLoad for the explore walk, tier credits and expected
+	// tokens included.
 	cached float64
 	// expected is set when cached includes a routing-time entry.
 	expected bool
@@ -787,10 +787,7 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64, fr
 	lv := &res.lv
 	rt := res.d.table()
 	n, start := len(rt.rank), int(rt.rank[from])
-	// ring is a replica's distance from the pick in name order: ties on
-	// score and load spread the way the contract's pins do, instead of
-	// all going to the first name.
-	ring := func(rid uint16) int { return (int(rt.rank[rid]) - start + n) % n }
+	ring := func(rid uint16) int { return (int(rt.rank[rid]) - start + n) % n } // distance from the pick
 	keys := res.keys[:0]
 	for i := range res.Scores {
 		s := &res.Scores[i]
@@ -833,9 +830,9 @@ const (
 	// + PrefillWeight × the prompt tokens it would compute, every expected
 	// cached token counted; Preble's explore step), using the loads
 	// AdviseByLoad evaluated into res. Ties go to fewer requests in flight,
-	// then keep ring order, so with equal
-	// loads and nothing cached the pick is the contract's, and an
-	// overloaded replica's keys move to the next replica in ring order.
+	// then keep ring order, so with equal loads and nothing cached the pick
+	// is the contract's, and an overloaded replica's keys move to the next
+	// replica in ring order.
 	AffinityExplore
 	// AffinityExpected is the replica AdviseByLoad chose for a routing-time
 	// entry (it returned LoadExpected), else the contract's pick.
@@ -893,7 +890,7 @@ func (e *Engine) AffinityPick(res *LookupResult, tenant, model, scheme string, s
 		best := -1
 		for i := range lv.entries {
 			en := &lv.entries[i]
-			if en.serving || en.overloaded || lv.exploreCost(en) > least {
+			if en.serving || en.overloaded || lv.exploreCost(en) > least || en.inflight > leastN {
 				continue
 			}
 			if best < 0 || en.r.name < lv.entries[best].r.name {
