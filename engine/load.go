@@ -778,11 +778,11 @@ func (e *Engine) ExpectedPick(res *LookupResult) (string, ContractPick, bool) {
 // (exploreCost − cost), clamped at 0; overloaded replicas score 0. Unlike
 // the decision, the advantage counts every expected cached token, MinMatch
 // or not: a short match does not justify a longer queue, but among
-// replicas about as loaded it still saves prefill. Ties go to fewer
-// requests in flight, then in name order from the pick (from, the
-// replica the decision defended) on, so equal options spread the way the
-// contract's pins do rather than all going to the first name; scores stay
-// monotone in the returned order.
+// replicas about as loaded it still saves prefill. Equal scores go to
+// fewer requests in flight, then in name order starting at from (the pick
+// the decision defended), so equal options spread the way the contract's
+// pins do rather than all going to the first name; scores stay monotone in
+// the returned order.
 func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64, from uint16) {
 	lv := &res.lv
 	rt := res.d.table()
@@ -809,6 +809,9 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64, fr
 	// Within a run of equal scores (already in ring order), fewer requests
 	// in flight first: a stable insertion sort, as such runs are short.
 	for i := 1; i < len(res.Scores); i++ {
+		if res.Scores[i].Score != res.Scores[i-1].Score {
+			continue // the common case: no tie, no lookups
+		}
 		x := res.Scores[i]
 		nx := lv.inflightOf(x.rid)
 		j := i
