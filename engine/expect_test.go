@@ -245,3 +245,36 @@ func TestTierCredit(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutedCachedAt: a request sent to the replica its chain is expected
+// on counts the expected run as cached there (the earlier turn's prefill,
+// already counted as routed, stores it first), so the queue estimate does
+// not count that prefill twice; elsewhere, and without routing-time
+// entries, only what the replica stores counts.
+func TestRoutedCachedAt(t *testing.T) {
+	for _, c := range []struct {
+		follow bool
+		want   map[string]int64
+	}{
+		{false, map[string]int64{"b": 16, "c": 16}},
+		{true, map[string]int64{"b": 5 * 16, "c": 16}},
+	} {
+		x, turn2, now := expectFixture(t, c.follow)
+		res := &LookupResult{}
+		x.e.LookupRoute(&turn2, now, res)
+		for id, want := range c.want {
+			var pick ContractPick
+			for i := range res.Scores {
+				if res.Scores[i].ReplicaID == id {
+					pick = PickOfScore(&res.Scores[i])
+				}
+			}
+			if got := x.e.RoutedCachedAt(&turn2, res, pick, now); got != want {
+				t.Fatalf("follow %v, pick %s: cached %d, want %d", c.follow, id, got, want)
+			}
+			if n := testing.AllocsPerRun(100, func() { x.e.RoutedCachedAt(&turn2, res, pick, now) }); n != 0 {
+				t.Fatalf("RoutedCachedAt allocates %v times", n)
+			}
+		}
+	}
+}

@@ -154,8 +154,14 @@ type loadRecord struct {
 	// unstored (counts-only reports) is what this server routed to the
 	// replica and has not seen stored yet, carried across reports while
 	// the engine has requests in flight, up to carriedPerRequest mean
-	// requests per request in flight.
+	// requests per request in flight, or of its largest recent request
+	// (peak) per request in flight when that is more.
 	unstored float64
+	// peak (counts-only reports) is the largest request this server routed
+	// to the replica while it stayed busy, decaying by peakRoutedDecay per
+	// report: in-flight work can be a heavy-tailed prompt several times
+	// the mean, and must not be cut to the mean's bound mid-prefill.
+	peak float64
 	// scheme is the hash scheme the report came with: a replica that
 	// reports load for a scheme is a place to compute that scheme's
 	// prompts even before it holds any key of it.
@@ -277,6 +283,11 @@ type replicaLoad struct {
 	// replica since its last report (requests, and their uncached prompt
 	// tokens): lookups add, the next report resets them. Lock-free.
 	routedReqs, routedTokens atomic.Int64
+	// routedPeak is the largest single request (uncached tokens) routed
+	// there since its last report: what lets the report carry a prompt
+	// many times the mean across its prefill. Lock-free (a lost race
+	// keeps a smaller peak, never a wrong count).
+	routedPeak atomic.Int64
 	// price is the mean uncached prompt tokens of a request routed to the
 	// replica; it prices waiting requests when the engine does not report
 	// queued tokens. Lookups sample it, stored blocks pay for the samples.
@@ -330,6 +341,11 @@ const (
 	// carriedPerRequest bounds the routed-but-unstored work a counts-only
 	// report carries, in mean requests per request in flight.
 	carriedPerRequest = 8
+	// peakRoutedDecay is how much of its largest routed request a busy
+	// replica's carried work may still hold after one report: a real
+	// prefill of the largest prompt (seconds) stays covered, work that
+	// never arrived fades within a minute or two.
+	peakRoutedDecay = 0.95
 )
 
 // applyLoadLocked stores a load report for r (of domain d). Called by
@@ -342,6 +358,7 @@ func (e *Engine) applyLoadLocked(d *domain, r *replica, ls LoadStats, scheme str
 	// counts now.
 	routed := r.load.routedTokens.Swap(0)
 	r.load.routedReqs.Store(0)
+	routedPeak := r.load.routedPeak.Swap(0)
 	stored := r.load.stored.Swap(0)
 	if prev != nil && now > prev.at && (prev.Waiting > 0 || prev.Running > 0) && stored > 0 {
 		// The replica was busy since its previous report: what it stored
@@ -372,7 +389,9 @@ func (e *Engine) applyLoadLocked(d *domain, r *replica, ls LoadStats, scheme str
 		// sent it elsewhere, it hit blocks the index did not know, it was
 		// cancelled), while prompt sizes are heavy-tailed enough that one
 		// request in prefill can be several times the mean.
-		limit := (float64(rec.Waiting) + float64(rec.Running)) * carriedPerRequest * meanRequestTokens(d.replicaSlots())
+		rec.peak = max(float64(routedPeak), prev.peak*peakRoutedDecay)
+		per := max(carriedPerRequest*meanRequestTokens(d.replicaSlots()), rec.peak)
+		limit := (float64(rec.Waiting) + float64(rec.Running)) * per
 		rec.unstored = min(max(prev.unstored+float64(routed-stored), 0), limit)
 	}
 	r.load.report.Store(rec)
@@ -436,8 +455,13 @@ type loadEntry struct {
 	// requests in flight, both including what was routed since the report.
 	queue, inflight float64
 	// alpha is the weight of one uncached token there (PrefillWeight,
-	// less the eviction share its cache's room saves).
-	alpha float64
+	// less the eviction share its cache's room saves), for at most room
+	// tokens (the keys its cache holds fewer than the fullest one's, at
+	// the request's block size; +Inf without a chain or a share): past
+	// those, its blocks evict there too.
+	alpha, room float64
+	// full is the prefill weight, what a token past the room costs.
+	full float64
 	// cached is the request's expected cached tokens there (matched, not
 	// weighed by freshness; 0 when the replica holds none of its prefix),
 	// set by AdviseByLoad for the explore walk, tier credits and expected
@@ -469,7 +493,15 @@ type loadView struct {
 // counted (Preble's explore step: the least loaded, counting what little
 // each replica caches).
 func (v *loadView) exploreCost(en *loadEntry) float64 {
-	return en.queue + en.alpha*max(v.tokens-en.cached, 0)
+	return en.queue + en.compute(max(v.tokens-en.cached, 0))
+}
+
+// compute is the weighted cost of computing u prompt tokens on en's
+// replica: alpha each for the first room tokens, the full prefill weight
+// past them (a prompt larger than a cache's room evicts there as well).
+func (en *loadEntry) compute(u float64) float64 {
+	free := min(u, en.room)
+	return en.alpha*free + en.full*(u-free)
 }
 
 // inflightOf is replica rid's requests in flight, 0 when it has no entry.
@@ -551,10 +583,12 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 		if !en.known {
 			en.queue, en.inflight = meanQ, meanN
 		}
-		en.alpha = e.load.PrefillWeight
+		en.alpha, en.full, en.room = e.load.PrefillWeight, e.load.PrefillWeight, math.Inf(1)
 		if s := e.load.EvictionShare; s > 0 && maxKeys > 0 {
-			f := float64(min(en.r.occupancy(), maxKeys)) / float64(maxKeys)
+			occ := min(en.r.occupancy(), maxKeys)
+			f := float64(occ) / float64(maxKeys)
 			en.alpha *= 1 - s*(1-f)
+			en.room = float64(maxKeys - occ) // in blocks until AdviseByLoad
 		}
 		en.overloaded = en.inflight > bound
 		if !en.overloaded {
@@ -623,6 +657,21 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	}
 	t := float64(tokens)
 	lv.tokens = t
+	// The caches' room in tokens, at the request's own block size (keys
+	// are blocks of its scheme); unbounded when the lookup names no chain.
+	if n := len(req.BlockHashes); n > 0 {
+		for i := range lv.entries {
+			if en := &lv.entries[i]; !math.IsInf(en.room, 1) {
+				en.room *= t / float64(n)
+			}
+		}
+	} else {
+		for i := range lv.entries {
+			if en := &lv.entries[i]; en.room > 0 {
+				en.room = math.Inf(1)
+			}
+		}
+	}
 	maxRun := 0
 	for i := range res.Scores {
 		s := &res.Scores[i]
@@ -665,7 +714,7 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	exploreCost := math.Inf(1)
 	for i := range lv.entries {
 		if en := &lv.entries[i]; !en.overloaded {
-			exploreCost = min(exploreCost, en.queue+en.alpha*t)
+			exploreCost = min(exploreCost, en.queue+en.compute(t))
 		}
 	}
 	if math.IsInf(exploreCost, 1) {
@@ -744,7 +793,7 @@ func (v *loadView) cost(c *LoadConfig, en *loadEntry) float64 {
 	if m < c.MinMatch*v.tokens {
 		m = 0
 	}
-	return en.queue + en.alpha*max(v.tokens-m, 0)
+	return en.queue + en.compute(max(v.tokens-m, 0))
 }
 
 // holder reports whether en is among res.Scores (it stores part of the
@@ -793,7 +842,7 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64, fr
 		s := &res.Scores[i]
 		adv := 0.0
 		if en := lv.entry(s.rid); en != nil && !en.overloaded {
-			adv = exploreCost - (en.queue + en.alpha*max(tokens-en.cached, 0))
+			adv = exploreCost - (en.queue + en.compute(max(tokens-en.cached, 0)))
 		}
 		s.Score = float32(max(adv, 0))
 		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(ring(s.rid))<<16|uint64(i))
@@ -941,9 +990,19 @@ func (e *Engine) NoteRouted(res *LookupResult, pick ContractPick, uncached int64
 	// most maxRoutedTokens, so no client can make a replica look busy for
 	// longer than its next report.
 	u := min(max(uncached, 0), maxRoutedTokens)
-	r.load.routedReqs.Add(1)
-	r.load.routedTokens.Add(u)
+	r.load.noteRouted(u)
 	r.load.price.observe(float64(u))
+}
+
+// noteRouted counts one routed request of u uncached tokens.
+func (l *replicaLoad) noteRouted(u int64) {
+	l.routedReqs.Add(1)
+	l.routedTokens.Add(u)
+	for range 4 { // concurrent lookups race; a lost race keeps a smaller peak
+		if p := l.routedPeak.Load(); u <= p || l.routedPeak.CompareAndSwap(p, u) {
+			break
+		}
+	}
 }
 
 // RequestStarted records that an endpoint picker in this process sent a
@@ -1020,15 +1079,28 @@ func (l *replicaLoad) inFlight(rec *loadRecord) float64 {
 	return float64(max(n, l.liveNow(), 0))
 }
 
-// MatchedAt returns the matched tokens and freshness res holds for pick
-// (0 when the pick is not among res.Scores).
-func MatchedAt(res *LookupResult, pick ContractPick) (int32, float32) {
+// RoutedCachedAt is how much of req's prompt pick will not compute when the
+// request reaches it: the tokens it stores (res), or, when req's chain is
+// expected there (a routing-time entry: an earlier turn was sent there and
+// is not stored yet), the tokens of the expected run, which the request
+// queues behind. Counting those as uncached would count the earlier
+// turn's prefill twice in the queue estimate (NoteRouted). Call it before
+// NoteFollowed records req's own chain. Lock-free, no allocation.
+func (e *Engine) RoutedCachedAt(req *LookupRequest, res *LookupResult, pick ContractPick, now int64) int64 {
+	var cached int64
+	run := 0
 	for i := range res.Scores {
-		if res.Scores[i].rid == pick.rid {
-			return res.Scores[i].MatchedTokens, res.Scores[i].Prob
+		if s := &res.Scores[i]; s.rid == pick.rid {
+			cached, run = int64(s.MatchedTokens), int(s.run)
+			break
 		}
 	}
-	return 0, 0
+	if e.load.Enabled && pick.Has && res.sch != nil {
+		if rid, blocks, ok := e.expectedMatch(res.sch, req.BlockHashes, run, now); ok && rid == pick.rid {
+			cached = max(cached, chainTokens64(req.BlockTokenCounts[:min(blocks, len(req.BlockTokenCounts))]))
+		}
+	}
+	return cached
 }
 
 // noteStoredLocked adds to r's stored tokens what one ingested entry newly

@@ -390,18 +390,29 @@ func TestLoadQueueEstimate(t *testing.T) {
 	if q := est(); q != 268 {
 		t.Fatalf("routed, unstored work across a report: %v", q)
 	}
-	// ... up to carriedPerRequest mean requests per request in flight: a
-	// 5000-token claim moves the mean to 345 (one sample counts at most 4×
-	// the mean), and one request in flight caps the carried work at 8 × 345.
+	// ... up to carriedPerRequest mean requests, or the largest request
+	// routed there, per request in flight: a 5000-token claim moves the
+	// mean to 345 (one sample counts at most 4× the mean; 8 × 345 = 2760),
+	// but it is itself the largest, so one request in flight carries 5000
+	// of the 5268: a prompt many times the mean stays in the estimate
+	// while it is prefilled.
 	route(5000)
 	x.load("a", now, 0, 1, -1)
-	if q := est(); q != 8*345 {
+	if q := est(); q != 5000 {
 		t.Fatalf("carried work over the in-flight cap: %v", q)
 	}
 	x.chain("a", now, 0, 1, 2, 3, 4, 5) // two more new blocks
 	x.load("a", now, 0, 1, -1)
-	if q := est(); q != 8*345-32 {
-		t.Fatalf("after two stored blocks, across a report: %v", q)
+	if q := est(); q != 5000*peakRoutedDecay {
+		t.Fatalf("after two stored blocks, across a report (the largest request's bound decays): %v", q)
+	}
+	// Work that never shows up stored fades with the largest request's
+	// bound, down to the mean's.
+	for range 20 {
+		x.load("a", now, 0, 1, -1)
+	}
+	if q := est(); q != 8*345 {
+		t.Fatalf("carried work after 20 more reports: %v, want the mean's bound %v", q, 8*345)
 	}
 	// ... and is dropped once the engine is idle.
 	x.load("a", now, 0, 0, -1)
@@ -960,6 +971,42 @@ func TestLoadEvictionShare(t *testing.T) {
 	r := x.e.lookupDomain("team", "m").table().find("a")
 	if got := r.occupancy(); got < 99 {
 		t.Fatalf("occupancy %d after a dip from 100 to 60 keys, want the high-water mark (~99.5)", got)
+	}
+}
+
+// TestLoadEvictionShareRoom: the eviction share discounts only the tokens
+// a replica's room can take (the keys it holds fewer than the fullest
+// one's); past them a prompt evicts there too. A 300-block prompt that no
+// replica holds more than a block of goes to the full replica with the
+// short queue, not to the one with 102 blocks of room and a queue 30,000
+// tokens longer: pricing all of it at the roomy replica's discounted
+// weight would have sent it there (about 53,000 against 77,500).
+func TestLoadEvictionShareRoom(t *testing.T) {
+	x := newLoadTix(t, DefaultLoadConfig())
+	now := tT
+	prompt := make([]uint64, 300)
+	for i := range prompt {
+		prompt[i] = uint64(i + 1)
+	}
+	x.chain("c", now, 0, 1) // the contract's pick: one block of the prompt
+	for k := range uint64(107) {
+		x.chain("a", now, 0, 5000+k)
+		x.chain("c", now, 0, 6000+k)
+	}
+	x.chain("a", now, 0, 4999)
+	for k := range uint64(6) {
+		x.chain("b", now, 0, 7000+k)
+	}
+	now += 1000
+	x.load("a", now, 2, 2, 1000)
+	x.load("b", now, 2, 2, 31000)
+	x.load("c", now, 2, 2, 40000)
+	// a: 1000 + 16 × 4800 = 77,800. b: its weight 16 × (1 − 0.75 × (1 −
+	// 6/108)) ≈ 4.67 for 102 × 16 = 1632 tokens, 16 for the other 3168:
+	// 31,000 + 7,600 + 50,700 ≈ 89,300. c: 40,000 + 16 × 4800 (one block
+	// is under --load-min-match).
+	if _, d, pin := x.advise(chainReq(prompt...), now); pin != "a" {
+		t.Fatalf("decision %v to %q, want a", d, pin)
 	}
 }
 

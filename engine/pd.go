@@ -351,8 +351,7 @@ func (e *Engine) noteRoutedReplica(r *replica, uncached, now int64) {
 		return
 	}
 	u := min(max(uncached, 0), maxRoutedTokens)
-	r.load.routedReqs.Add(1)
-	r.load.routedTokens.Add(u)
+	r.load.noteRouted(u)
 	if u > 0 {
 		r.load.price.observe(float64(u))
 	}

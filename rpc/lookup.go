@@ -544,8 +544,8 @@ func belowFloor(pt *policy.Tenant, scores []engine.Score) bool {
 // entries, docs/routing.md).
 func (s *Service) noteRouted(req *pb.LookupRouteRequest, sc *lookupScratch, pick engine.ContractPick, tokens int64, start time.Time) {
 	res := &sc.res
-	matched, _ := engine.MatchedAt(res, pick)
-	s.index.NoteRouted(res, pick, tokens-int64(matched), start.UnixMicro())
+	cached := s.index.RoutedCachedAt(&sc.req, res, pick, start.UnixMicro())
+	s.index.NoteRouted(res, pick, tokens-cached, start.UnixMicro())
 	if req.GetFollowsAnswer() {
 		s.index.NoteFollowed(&sc.req, res, pick, start.UnixMicro())
 	}

@@ -93,6 +93,7 @@ type Index interface {
 	Credit(res *engine.LookupResult)
 	AffinityPick(res *engine.LookupResult, tenant, model, scheme string, seed []byte, mode engine.AffinityMode) (string, engine.ContractPick, bool)
 	AdviseByLoad(req *engine.LookupRequest, now int64, res *engine.LookupResult, pick engine.ContractPick, tokens int64) engine.LoadDecision
+	RoutedCachedAt(req *engine.LookupRequest, res *engine.LookupResult, pick engine.ContractPick, now int64) int64
 	NoteRouted(res *engine.LookupResult, pick engine.ContractPick, uncached, now int64)
 	NoteFollowed(req *engine.LookupRequest, res *engine.LookupResult, pick engine.ContractPick, now int64)
 	Ingest(u *engine.Update, now int64) engine.IngestResult
