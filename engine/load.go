@@ -457,8 +457,9 @@ type loadEntry struct {
 	// alpha is the weight of one uncached token there (PrefillWeight,
 	// less the eviction share its cache's room saves), for at most room
 	// tokens (the keys its cache holds fewer than the fullest one's, at
-	// the request's block size; +Inf without a chain or a share): past
-	// those, its blocks evict there too.
+	// the request's block size; +Inf without a share, or with some room
+	// when the lookup names no chain): past those, its blocks evict there
+	// too.
 	alpha, room float64
 	// full is the prefill weight, what a token past the room costs.
 	full float64
@@ -658,7 +659,8 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	t := float64(tokens)
 	lv.tokens = t
 	// The caches' room in tokens, at the request's own block size (keys
-	// are blocks of its scheme); unbounded when the lookup names no chain.
+	// are blocks of its scheme); any room is unbounded when the lookup
+	// names no chain (no block size to convert with).
 	if n := len(req.BlockHashes); n > 0 {
 		for i := range lv.entries {
 			if en := &lv.entries[i]; !math.IsInf(en.room, 1) {
