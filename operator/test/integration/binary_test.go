@@ -29,15 +29,22 @@ import (
 	"github.com/inferencecache/inferencecache/internal/testbin"
 )
 
-// freePort returns a port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) string {
+// freePorts returns n distinct ports on 127.0.0.1 that were free a moment
+// ago. Every listener stays open until all n are chosen: closed one by one,
+// the kernel may hand the same port out twice, and the binary then fails
+// to bind its second server ("address already in use").
+func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ports := make([]string, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ports = append(ports, fmt.Sprint(l.Addr().(*net.TCPAddr).Port))
 	}
-	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	return ports
 }
 
 // kubeconfig writes cfg (envtest's admin client certificate) as a kubeconfig
@@ -90,7 +97,8 @@ func TestControllerBinary(t *testing.T) {
 	wantOK(t, "create webhook configuration", k8s.Create(ctx, vwc))
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), vwc) })
 
-	metricsPort, probePort, webhookPort := freePort(t), freePort(t), freePort(t)
+	ports := freePorts(t, 3)
+	metricsPort, probePort, webhookPort := ports[0], ports[1], ports[2]
 	cmd := exec.Command(bin,
 		"--server-address=http://"+srv.addr,
 		"--policy-token-path="+filepath.Join(tokenDir, "policy"),
