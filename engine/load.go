@@ -461,8 +461,6 @@ type loadEntry struct {
 	// when the lookup names no chain): past those, its blocks evict there
 	// too.
 	alpha, room float64
-	// full is the prefill weight, what a token past the room costs.
-	full float64
 	// cached is the request's expected cached tokens there (matched, not
 	// weighed by freshness; 0 when the replica holds none of its prefix),
 	// set by AdviseByLoad for the explore walk, tier credits and expected
@@ -484,6 +482,9 @@ type loadView struct {
 	// tokens is the request's prompt tokens (AdviseByLoad), for the explore
 	// walk's costs.
 	tokens float64
+	// weight is the prefill weight, what a token past an entry's room
+	// costs (evaluateLoad).
+	weight float64
 	// expRid is the replica of a LoadExpected decision (hasExp).
 	expRid uint16
 	hasExp bool
@@ -494,15 +495,15 @@ type loadView struct {
 // counted (Preble's explore step: the least loaded, counting what little
 // each replica caches).
 func (v *loadView) exploreCost(en *loadEntry) float64 {
-	return en.queue + en.compute(max(v.tokens-en.cached, 0))
+	return en.queue + v.compute(en, max(v.tokens-en.cached, 0))
 }
 
 // compute is the weighted cost of computing u prompt tokens on en's
 // replica: alpha each for the first room tokens, the full prefill weight
 // past them (a prompt larger than a cache's room evicts there as well).
-func (en *loadEntry) compute(u float64) float64 {
+func (v *loadView) compute(en *loadEntry, u float64) float64 {
 	free := min(u, en.room)
-	return en.alpha*free + en.full*(u-free)
+	return en.alpha*free + v.weight*(u-free)
 }
 
 // inflightOf is replica rid's requests in flight, 0 when it has no entry.
@@ -574,7 +575,7 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 	// preferred nor avoided.
 	meanQ, meanN := sumQ/float64(known), sumN/float64(known)
 	bound := max(e.load.Bound*meanN+2*math.Sqrt(meanN), float64(e.load.MinQueue))
-	lv.qref = math.Inf(1)
+	lv.qref, lv.weight = math.Inf(1), e.load.PrefillWeight
 	var maxKeys int64
 	for i := range lv.entries {
 		maxKeys = max(maxKeys, lv.entries[i].r.occupancy())
@@ -584,7 +585,7 @@ func (e *Engine) evaluateLoad(sch *scheme, now int64, res *LookupResult) bool {
 		if !en.known {
 			en.queue, en.inflight = meanQ, meanN
 		}
-		en.alpha, en.full, en.room = e.load.PrefillWeight, e.load.PrefillWeight, math.Inf(1)
+		en.alpha, en.room = e.load.PrefillWeight, math.Inf(1)
 		if s := e.load.EvictionShare; s > 0 && maxKeys > 0 {
 			occ := min(en.r.occupancy(), maxKeys)
 			f := float64(occ) / float64(maxKeys)
@@ -661,17 +662,13 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	// The caches' room in tokens, at the request's own block size (keys
 	// are blocks of its scheme); any room is unbounded when the lookup
 	// names no chain (no block size to convert with).
+	perBlock := math.Inf(1)
 	if n := len(req.BlockHashes); n > 0 {
-		for i := range lv.entries {
-			if en := &lv.entries[i]; !math.IsInf(en.room, 1) {
-				en.room *= t / float64(n)
-			}
-		}
-	} else {
-		for i := range lv.entries {
-			if en := &lv.entries[i]; en.room > 0 {
-				en.room = math.Inf(1)
-			}
+		perBlock = t / float64(n)
+	}
+	for i := range lv.entries {
+		if en := &lv.entries[i]; en.room > 0 && !math.IsInf(en.room, 1) {
+			en.room *= perBlock
 		}
 	}
 	maxRun := 0
@@ -716,7 +713,7 @@ func (e *Engine) AdviseByLoad(req *LookupRequest, now int64, res *LookupResult, 
 	exploreCost := math.Inf(1)
 	for i := range lv.entries {
 		if en := &lv.entries[i]; !en.overloaded {
-			exploreCost = min(exploreCost, en.queue+en.compute(t))
+			exploreCost = min(exploreCost, en.queue+lv.compute(en, t))
 		}
 	}
 	if math.IsInf(exploreCost, 1) {
@@ -795,7 +792,7 @@ func (v *loadView) cost(c *LoadConfig, en *loadEntry) float64 {
 	if m < c.MinMatch*v.tokens {
 		m = 0
 	}
-	return en.queue + en.compute(max(v.tokens-m, 0))
+	return en.queue + v.compute(en, max(v.tokens-m, 0))
 }
 
 // holder reports whether en is among res.Scores (it stores part of the
@@ -844,7 +841,7 @@ func (e *Engine) rerankByLoad(res *LookupResult, tokens, exploreCost float64, fr
 		s := &res.Scores[i]
 		adv := 0.0
 		if en := lv.entry(s.rid); en != nil && !en.overloaded {
-			adv = exploreCost - (en.queue + en.compute(max(tokens-en.cached, 0)))
+			adv = exploreCost - (en.queue + lv.compute(en, max(tokens-en.cached, 0)))
 		}
 		s.Score = float32(max(adv, 0))
 		keys = append(keys, uint64(descFloat32(s.Score))<<32|uint64(ring(s.rid))<<16|uint64(i))
